@@ -1,0 +1,365 @@
+"""Typed `params.yaml`: one pydantic model per stage section, validated before any stage runs.
+
+Every section forbids unknown keys so a typo fails loudly instead of silently using a default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipeline.errors import ParamsError
+
+DEFAULT_PARAMS_PATH = Path("params.yaml")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------- project / verifier
+
+
+class ProjectConfig(Section):
+    seed: int = Field(0, ge=0)
+    artifacts_dir: str = "artifacts"
+    metrics_dir: str = "metrics"
+    plots_dir: str = "plots"
+
+
+class BootstrapConfig(Section):
+    """The offline demo verifier: a byte-level BPE tokenizer + small Qwen3 trained on the stdlib."""
+
+    vocab_size: int = Field(4096, ge=300, le=65536)
+    hidden_size: int = Field(128, ge=16, le=4096)
+    num_layers: int = Field(4, ge=2, le=64)
+    num_heads: int = Field(4, ge=1, le=64)
+    num_kv_heads: int = Field(2, ge=1, le=64)
+    intermediate_size: int = Field(384, ge=16)
+    head_dim: int = Field(32, ge=8, le=256)
+    max_position_embeddings: int = Field(512, ge=64)
+    seq_len: int = Field(128, ge=16, le=4096)
+    batch_size: int = Field(16, ge=1)
+    max_steps: int = Field(800, ge=1)
+    time_budget_s: float = Field(300.0, gt=0)
+    learning_rate: float = Field(3e-3, gt=0, lt=1)
+    warmup_steps: int = Field(50, ge=0)
+    max_corpus_chars: int = Field(6_000_000, ge=10_000)
+    eval_every: int = Field(100, ge=1)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "BootstrapConfig":
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        return self
+
+
+class VerifierConfig(Section):
+    source: Literal["bootstrap", "hf"] = "bootstrap"
+    name_or_path: Optional[str] = None
+    trust_remote_code: bool = False
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    bootstrap: BootstrapConfig = BootstrapConfig()
+
+    @model_validator(mode="after")
+    def _hf_needs_path(self) -> "VerifierConfig":
+        if self.source == "hf" and not self.name_or_path:
+            raise ValueError("verifier.source is 'hf' but verifier.name_or_path is not set")
+        return self
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+class PromptSourceConfig(Section):
+    """One prompt source, mapped to (prompt, domain).
+
+    `kind`: `stdlib_code` / `stdlib_text` are built in and offline; `file` reads JSON/JSONL/JSONL.GZ/
+    Parquet; `hf` loads a dataset by name from the local HF cache.
+    """
+
+    kind: Literal["stdlib_code", "stdlib_text", "file", "hf"]
+    domain: Optional[Literal["code", "text"]] = None
+    path: Optional[str] = None
+    name: Optional[str] = None
+    subset: Optional[str] = None
+    split: str = "train"
+    prompt_field: str = "prompt"
+    domain_field: Optional[str] = None
+    limit: Optional[int] = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> "PromptSourceConfig":
+        if self.kind == "file" and not self.path:
+            raise ValueError("a 'file' source needs 'path'")
+        if self.kind == "hf" and not self.name:
+            raise ValueError("an 'hf' source needs 'name'")
+        if self.kind in ("file", "hf") and self.domain is None and self.domain_field is None:
+            raise ValueError("a 'file'/'hf' source needs 'domain' or 'domain_field'")
+        return self
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(0.0, ge=0.0, le=5.0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+
+class SplitConfig(Section):
+    validation: float = Field(0.1, ge=0.0, lt=0.5)
+    test: float = Field(0.1, ge=0.0, lt=0.5)
+
+
+class CorpusConfig(Section):
+    sources: list[PromptSourceConfig] = Field(
+        default_factory=lambda: [
+            PromptSourceConfig(kind="stdlib_code", domain="code"),
+            PromptSourceConfig(kind="stdlib_text", domain="text"),
+        ],
+        min_length=1,
+    )
+    max_prompts_per_domain: dict[Literal["code", "text"], int] = Field(
+        default_factory=lambda: {"code": 240, "text": 240}
+    )
+    prompt_max_tokens: int = Field(96, ge=4)
+    max_new_tokens: int = Field(64, ge=1)
+    sampling: SamplingConfig = SamplingConfig()
+    batch_size: int = Field(16, ge=1)
+    shard_size: int = Field(64, ge=1)
+    seed: int = Field(0, ge=0)
+    split: SplitConfig = SplitConfig()
+
+    @field_validator("max_prompts_per_domain")
+    @classmethod
+    def _positive_limits(cls, value: dict[str, int]) -> dict[str, int]:
+        for domain, limit in value.items():
+            if limit < 1:
+                raise ValueError(f"limit for domain '{domain}' must be >= 1, got {limit}")
+        return value
+
+
+# --------------------------------------------------------------------------- training
+
+
+class TrainerConfig(Section):
+    strategy: Literal["auto", "ddp", "deepspeed_stage_2", "deepspeed_stage_3"] = "auto"
+    devices: int | Literal["auto"] = 1
+    num_nodes: int = Field(1, ge=1)
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
+    offload_optimizer: bool = False
+    offload_parameters: bool = False
+    max_steps: int = Field(300, ge=1)
+    batch_size: int = Field(16, ge=1)
+    accumulate_grad_batches: int = Field(1, ge=1)
+    learning_rate: float = Field(2e-3, gt=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_steps: int = Field(20, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    val_every_n_steps: int = Field(100, ge=1)
+    max_seq_len: int = Field(192, ge=8)
+    num_workers: int = Field(0, ge=0)
+    checkpoint_every_n_steps: int = Field(50, ge=1)
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("devices must be >= 1 or 'auto'")
+        return value
+
+    @model_validator(mode="after")
+    def _offload_needs_deepspeed(self) -> "TrainerConfig":
+        if (self.offload_optimizer or self.offload_parameters) and not self.strategy.startswith("deepspeed"):
+            raise ValueError("offload_optimizer/offload_parameters need a deepspeed_stage_* strategy")
+        if self.offload_parameters and self.strategy != "deepspeed_stage_3":
+            raise ValueError("offload_parameters needs strategy 'deepspeed_stage_3'")
+        return self
+
+
+class LossConfig(Section):
+    """Weights of the loss terms (a mixture when several are > 0) and the distillation temperature."""
+
+    ce: float = Field(0.0, ge=0)
+    fkl: float = Field(1.0, ge=0)
+    rkl: float = Field(0.0, ge=0)
+    tvd: float = Field(0.0, ge=0)
+    jsd: float = Field(0.0, ge=0)
+    temperature: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "LossConfig":
+        if self.ce + self.fkl + self.rkl + self.tvd + self.jsd <= 0:
+            raise ValueError("at least one of ce/fkl/rkl/tvd/jsd must have a weight > 0")
+        return self
+
+
+class ARDrafterConfig(Section):
+    architecture: Literal["qwen3", "llama"] = "qwen3"
+    num_layers: int = Field(1, ge=1, le=64)
+    hidden_size: Optional[int] = Field(None, ge=16, description="None: the verifier's width")
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    head_dim: Optional[int] = Field(None, ge=8)
+    intermediate_size: Optional[int] = Field(None, ge=16)
+    init: Literal["verifier", "scratch", "pretrained"] = "verifier"
+    init_path: Optional[str] = None
+    loss: LossConfig = LossConfig()
+    trainer: TrainerConfig = TrainerConfig()
+
+    @model_validator(mode="after")
+    def _pretrained_path(self) -> "ARDrafterConfig":
+        if self.init == "pretrained" and not self.init_path:
+            raise ValueError("init is 'pretrained' but init_path is not set")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        return self
+
+
+class BlockDrafterConfig(Section):
+    block_size: int = Field(8, ge=2, le=64)
+    num_layers: int = Field(2, ge=1, le=5)
+    num_heads: Optional[int] = Field(None, ge=1, description="None: the verifier's")
+    num_kv_heads: Optional[int] = Field(None, ge=1)
+    intermediate_size: Optional[int] = Field(None, ge=16)
+    num_target_layers: int = Field(5, ge=1, le=16)
+    target_layer_ids: Optional[list[int]] = None
+    mask: Literal["auto", "token", "learned"] = "auto"
+    anchors_per_sequence: int = Field(16, ge=1)
+    gamma: Optional[float] = Field(None, gt=0, description="None: 7 for B=16, 5 for 10, 4 for 8")
+    denoise_steps: int = Field(1, ge=1)
+    trainer: TrainerConfig = TrainerConfig()
+
+
+class TrainConfig(Section):
+    ar: ARDrafterConfig = ARDrafterConfig()
+    block: BlockDrafterConfig = BlockDrafterConfig()
+
+
+# --------------------------------------------------------------------------- export
+
+
+class ProfileConfig(Section):
+    """TensorRT optimisation profile for the dynamic axes (min/opt/max)."""
+
+    batch: tuple[int, int, int] = (1, 1, 4)
+    seq: tuple[int, int, int] = (1, 8, 64)
+    past: tuple[int, int, int] = (0, 64, 512)
+
+    @field_validator("batch", "seq", "past")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int, int]) -> tuple[int, int, int]:
+        if not (0 <= value[0] <= value[1] <= value[2]):
+            raise ValueError(f"expected min <= opt <= max (all >= 0), got {list(value)}")
+        return value
+
+
+class ExportConfig(Section):
+    kinds: list[Literal["ar", "block"]] = Field(default_factory=lambda: ["ar", "block"], min_length=1)
+    opset: int = Field(18, ge=14, le=23)
+    atol: float = Field(1e-4, gt=0)
+    rtol: float = Field(1e-3, gt=0)
+    parity_steps: int = Field(20, ge=1)
+    tensorrt: Literal["auto", "required", "off"] = "auto"
+    trt_precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+    trt_workspace_mb: int = Field(1024, ge=16)
+    profile: ProfileConfig = ProfileConfig()
+
+
+# --------------------------------------------------------------------------- evaluation and promotion
+
+
+class EvaluateConfig(Section):
+    drafters: list[Literal["ar", "block"]] = Field(default_factory=lambda: ["ar", "block"], min_length=1)
+    prompts_per_domain: int = Field(12, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    temperatures: list[float] = Field(default_factory=lambda: [0.0, 0.8], min_length=1)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    ar_draft_tokens: int = Field(4, ge=1, le=32)
+    denoise_steps: int = Field(1, ge=1)
+    backend: Literal["torch", "onnx"] = "torch"
+    seed: int = Field(0, ge=0)
+    peer_baseline: bool = True
+
+    @field_validator("temperatures")
+    @classmethod
+    def _temperatures_range(cls, value: list[float]) -> list[float]:
+        for temperature in value:
+            if not (0.0 <= temperature <= 5.0) or math.isnan(temperature):
+                raise ValueError(f"temperatures must be in [0, 5], got {temperature}")
+        return value
+
+
+class DomainGate(Section):
+    min_tau: float = Field(1.0, ge=0)
+    min_speedup: float = Field(0.0, ge=0)
+
+
+class PromoteConfig(Section):
+    tracking_uri: Optional[str] = Field(None, description="None: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    experiment: str = "draftline"
+    model_name_prefix: str = "draftline"
+    require_lossless: bool = True
+    max_regression: float = Field(0.05, ge=0, le=1)
+    gates: dict[Literal["code", "text"], DomainGate] = Field(
+        default_factory=lambda: {"code": DomainGate(min_tau=1.2), "text": DomainGate(min_tau=1.1)}
+    )
+
+
+class Params(Section):
+    project: ProjectConfig = ProjectConfig()
+    verifier: VerifierConfig = VerifierConfig()
+    corpus: CorpusConfig = CorpusConfig()
+    train: TrainConfig = TrainConfig()
+    export: ExportConfig = ExportConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    promote: PromoteConfig = PromoteConfig()
+
+    def section_hash(self, *names: str) -> str:
+        """Stable hash of the named sections (all when none), recorded as lineage."""
+        dumped = self.model_dump(mode="json")
+        chosen = {name: dumped[name] for name in (names or dumped.keys())}
+        return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _format_error(source: str, error: ValidationError) -> str:
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "<root>"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown key (remove it or check the spelling)"
+    elif "input" in first and first["type"] not in ("missing",) and not isinstance(first["input"], dict):
+        message = f"{message} (got {first['input']!r})"
+    more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{source}: {location}: {message}{more}"
+
+
+def parse_params(data: object, source: str = "params") -> Params:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ParamsError(f"{source}: expected a mapping of sections at the top level, got {type(data).__name__}")
+    try:
+        return Params.model_validate(data)
+    except ValidationError as error:
+        raise ParamsError(_format_error(source, error)) from None
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS_PATH) -> Params:
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"{path}: file not found (run from the project root or pass --params PATH)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ParamsError(f"{path}: not valid YAML{where}: {getattr(error, 'problem', error)}") from None
+    return parse_params(data, str(path))

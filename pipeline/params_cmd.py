@@ -1,0 +1,24 @@
+"""`draftline params check`: validate params.yaml without running anything."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from pipeline.cli import run_stage, stage_parser
+from pipeline.config import Params
+
+
+def _check(params: Params, args: argparse.Namespace) -> None:
+    print(f"{args.params}: ok (params hash {params.section_hash()})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = stage_parser("draftline params", "Validate params.yaml against the typed schema.")
+    parser.add_argument("action", choices=["check"])
+    return run_stage(parser, _check, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Progress bars and end-of-step summaries, one look for every stage."""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable, Mapping, TypeVar
+
+from rich.console import Console
+from rich.table import Table
+from tqdm.auto import tqdm
+
+T = TypeVar("T")
+
+console = Console(stderr=True, highlight=False)
+
+
+def progress(iterable: Iterable[T] | None = None, *, desc: str, total: int | None = None, unit: str = "it") -> tqdm:
+    return tqdm(iterable, desc=desc, total=total, unit=unit, dynamic_ncols=True, file=sys.stderr, leave=True)
+
+
+def print_summary(title: str, rows: Mapping[str, object]) -> None:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for key, value in rows.items():
+        table.add_row(str(key), f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+def info(message: str) -> None:
+    console.print(message)
