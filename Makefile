@@ -23,7 +23,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	test -d .dvc || $(BIN)/dvc init -q
-	$(BIN)/dvc repro
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 	$(BIN)/dvc metrics show
 
 test: $(STAMP)
