@@ -1,0 +1,153 @@
+"""The promotion gate (DESIGN section 9): pure functions from metrics and thresholds to a decision.
+
+Metrics travel as a flat mapping `name -> float` (`lossless`, `<domain>.tau`, `<domain>.speedup`, ...)
+because that is what survives a round trip through MLflow tags, so a candidate read from
+`metrics/eval.json` and a champion read back from the registry compare the same way.
+A missing or NaN metric fails every comparison it takes part in: it can never promote.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Mapping
+
+from pipeline.config import PromoteConfig
+
+GATE_TEMPERATURE = "0.0"  # the gate reads greedy decoding (contract: by_temperature["0.0"])
+GATED_METRICS = ("tau", "speedup")
+# Recorded next to the gated ones so a version's tags describe it fully; never gated.
+REPORTED_METRICS = ("tau", "speedup", "acceptance_rate", "tokens_per_s", "baseline_tokens_per_s")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    check: str  # "lossless" | "floor" | "regression"
+    metric: str
+    value: float | None
+    threshold: float | None
+    passed: bool
+    detail: str
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["value"] = _finite_or_none(self.value)
+        out["threshold"] = _finite_or_none(self.threshold)
+        return out
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    promote: bool
+    comparisons: list[Comparison] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    champion_version: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "promote": self.promote,
+            "reasons": list(self.reasons),
+            "champion_version": self.champion_version,
+            "comparisons": [comparison.to_dict() for comparison in self.comparisons],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "GateDecision":
+        comparisons = [
+            Comparison(**{**item, "value": _nan_if_none(item["value"]), "threshold": _nan_if_none(item["threshold"])})
+            for item in data["comparisons"]
+        ]
+        return cls(bool(data["promote"]), comparisons, list(data["reasons"]), data.get("champion_version"))
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if is_finite(value) else None
+
+
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def is_finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _as_float(value: object) -> float:
+    """A JSON number, or NaN for anything else (missing, null, a string, a bool)."""
+    return float(value) if is_finite(value) else math.nan
+
+
+def gate_metrics(drafter_eval: Mapping) -> dict[str, float]:
+    """Flatten one drafter's `metrics/eval.json` entry into the metrics the gate and the tags use."""
+    lossless = drafter_eval.get("lossless")
+    metrics = {"lossless": float(lossless) if isinstance(lossless, bool) else math.nan}
+    metrics["mismatches"] = _as_float(drafter_eval.get("mismatches"))
+    by_domain = (drafter_eval.get("by_temperature") or {}).get(GATE_TEMPERATURE) or {}
+    for domain, values in sorted(by_domain.items()):
+        if not isinstance(values, Mapping):
+            continue
+        for name in REPORTED_METRICS:
+            metrics[f"{domain}.{name}"] = _as_float(values.get(name))
+    return metrics
+
+
+def _lossless_check(candidate: Mapping[str, float]) -> Comparison:
+    value = candidate.get("lossless", math.nan)
+    passed = is_finite(value) and value == 1.0
+    if passed:
+        detail = "lossless: verified"
+    elif is_finite(value):
+        detail = f"lossless: failed (output differs from the verifier; mismatches {candidate.get('mismatches', math.nan):g})"
+    else:
+        detail = "lossless: missing/NaN (the evaluation did not report losslessness)"
+    return Comparison("lossless", "lossless", value, 1.0, passed, detail)
+
+
+def _floor_check(metric: str, value: float, floor: float) -> Comparison:
+    passed = is_finite(value) and value >= floor
+    if not is_finite(value):
+        detail = f"{metric} is missing/NaN (floor {floor:.4g})"
+    else:
+        detail = f"{metric} {value:.4g} {'>=' if passed else '<'} floor {floor:.4g}"
+    return Comparison("floor", metric, value, floor, passed, detail)
+
+
+def _regression_check(metric: str, value: float, champion_value: float, tolerance: float, version: str) -> Comparison:
+    if not is_finite(champion_value):
+        # Nothing to regress against: the champion never had this metric, so only the floor applies.
+        return Comparison("regression", metric, value, None, True, f"{metric}: champion v{version} has no value")
+    threshold = champion_value * (1.0 - tolerance)
+    passed = is_finite(value) and value >= threshold
+    against = f"champion v{version} {champion_value:.4g} - {tolerance:.0%}"
+    if not is_finite(value):
+        detail = f"{metric} is missing/NaN (needs >= {threshold:.4g}: {against})"
+    else:
+        detail = f"{metric} {value:.4g} {'>=' if passed else '<'} {threshold:.4g} ({against})"
+    return Comparison("regression", metric, value, threshold, passed, detail)
+
+
+def decide(
+    candidate: Mapping[str, float],
+    config: PromoteConfig,
+    champion: Mapping[str, float] | None = None,
+    champion_version: str | None = None,
+) -> GateDecision:
+    """Every threshold must hold: losslessness (when required), per-domain floors, and no regression
+    beyond `max_regression` (relative) against the current champion's metrics, when there is one."""
+    comparisons: list[Comparison] = []
+    if config.require_lossless:
+        comparisons.append(_lossless_check(candidate))
+    for domain, floors in sorted(config.gates.items()):
+        for name, floor in (("tau", floors.min_tau), ("speedup", floors.min_speedup)):
+            metric = f"{domain}.{name}"
+            comparisons.append(_floor_check(metric, candidate.get(metric, math.nan), floor))
+    if champion is not None:
+        for domain in sorted(config.gates):
+            for name in GATED_METRICS:
+                metric = f"{domain}.{name}"
+                comparisons.append(_regression_check(
+                    metric, candidate.get(metric, math.nan), champion.get(metric, math.nan),
+                    config.max_regression, champion_version or "?",
+                ))
+    reasons = [comparison.detail for comparison in comparisons if not comparison.passed]
+    return GateDecision(not reasons, comparisons, reasons, champion_version if champion is not None else None)

@@ -1,0 +1,325 @@
+"""Stage `promote`: register every evaluated drafter in MLflow and run the promotion gate.
+
+For each drafter in `metrics/eval.json`: one MLflow run (child of its training run when that run is
+in the same experiment) holding the evaluation metrics, inputs and the serving checkpoint as a logged
+model, registered as a new version of `<prefix>-<verifier id>-<kind>`. The gate decides whether the
+`champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint hash), so rerunning on the
+same evaluation finds the version it registered before and changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+from rich.table import Table
+
+from pipeline.atomic import write_json_atomic
+from pipeline.cli import run_stage, stage_parser
+from pipeline.config import Params
+from pipeline.errors import DraftlineError
+from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics
+from pipeline.lineage import hash_dir, hash_file, read_json
+from pipeline.paths import ArtifactPaths
+from pipeline.progress import console
+from pipeline.registry import (
+    CHAMPION, PREVIOUS_CHAMPION, TAG_EVAL_KEY, TAG_GATE, TAG_GATE_DECISION, TAG_GATE_REASONS, TAG_KIND,
+    TAG_STAGE, TAG_TRAIN_RUN, Registry, metric_tags, metrics_from_tags, mlflow_errors, registered_model_name,
+    tag_key,
+)
+
+DRAFTER_KINDS = ("ar", "block")
+DVC_LOCK = Path("dvc.lock")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """`metrics/eval.json`, checked for the keys promotion relies on."""
+
+    path: Path
+    sha256: str
+    verifier_id: str
+    verifier_hash: str
+    corpus_hash: str
+    drafters: dict[str, dict]
+
+    @classmethod
+    def load(cls, path: Path) -> "Evaluation":
+        if not path.is_file():
+            raise DraftlineError(f"{path} not found; run `dvc repro evaluate` (or `draftline evaluate`) first")
+        try:
+            data = read_json(path)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise DraftlineError(f"{path} is not valid JSON ({error}); rerun `draftline evaluate`") from None
+        verifier = data.get("verifier") if isinstance(data, dict) else None
+        drafters = data.get("drafters") if isinstance(data, dict) else None
+        if not isinstance(verifier, dict) or not verifier.get("id") or not verifier.get("hash"):
+            raise DraftlineError(f"{path}: missing verifier.id / verifier.hash; rerun `draftline evaluate`")
+        if not isinstance(drafters, dict) or not drafters:
+            raise DraftlineError(f"{path}: no evaluated drafters under 'drafters'; rerun `draftline evaluate`")
+        unknown = sorted(set(drafters) - set(DRAFTER_KINDS))
+        if unknown:
+            raise DraftlineError(f"{path}: unknown drafter kind(s) {unknown}; expected {list(DRAFTER_KINDS)}")
+        return cls(path, hash_file(path), str(verifier["id"]), str(verifier["hash"]),
+                   str(data.get("corpus_hash", "")), drafters)
+
+
+def drafter_checkpoint(paths: ArtifactPaths, kind: str) -> tuple[Path, str]:
+    """The serving checkpoint from `export`, else the training output (recorded as `source`)."""
+    serving = paths.export(kind) / "serving"
+    if (serving / "config.json").is_file():
+        return serving, "export"
+    trained = paths.drafter(kind)
+    if (trained / "config.json").is_file():
+        return trained, "drafter"
+    raise DraftlineError(
+        f"no checkpoint for the {kind} drafter ({serving} and {trained} have no config.json); "
+        f"run `dvc repro` up to the export stage"
+    )
+
+
+def load_training(paths: ArtifactPaths, kind: str, evaluation: Evaluation) -> dict:
+    path = paths.drafter(kind) / "training.json"
+    if not path.is_file():
+        raise DraftlineError(f"{path} not found; train the {kind} drafter first (`draftline train --drafter {kind}`)")
+    try:
+        training = read_json(path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DraftlineError(f"{path} is not valid JSON ({error}); retrain the {kind} drafter") from None
+    trained_on = (training.get("lineage") or {}).get("verifier_hash")
+    if trained_on and trained_on != evaluation.verifier_hash:
+        raise DraftlineError(
+            f"the {kind} drafter was trained against verifier {trained_on} but evaluated against "
+            f"{evaluation.verifier_hash}; run `dvc repro` so training and evaluation agree"
+        )
+    return training
+
+
+def dvc_stage_hashes(lock_path: Path = DVC_LOCK) -> dict[str, str]:
+    """One hash per stage in dvc.lock over its recorded deps and outs: equal hashes, equal stage."""
+    if not lock_path.is_file():
+        return {}
+    stages = (yaml.safe_load(lock_path.read_text(encoding="utf-8")) or {}).get("stages") or {}
+    return {
+        name: hashlib.sha256(
+            json.dumps({"deps": entry.get("deps"), "outs": entry.get("outs")}, sort_keys=True).encode()
+        ).hexdigest()[:16]
+        for name, entry in sorted(stages.items())
+        if isinstance(entry, dict)
+    }
+
+
+def export_tags(paths: ArtifactPaths, kind: str) -> dict[str, str]:
+    export_dir = paths.export(kind)
+    tags = {
+        "export.onnx": str(export_dir / "model.onnx") if (export_dir / "model.onnx").is_file() else "absent",
+        "export.engine": str(export_dir / "engine.plan") if (export_dir / "engine.plan").is_file() else "absent",
+    }
+    manifest = export_dir / "manifest.json"
+    if manifest.is_file():
+        tags["export.manifest_sha256"] = hash_file(manifest)
+        skipped = read_json(manifest).get("skipped") or {}
+        if isinstance(skipped, dict):
+            tags.update({tag_key(f"export.skipped.{what}"): str(why) for what, why in skipped.items()})
+    return tags
+
+
+def run_metrics(drafter_eval: dict) -> dict[str, float | list[float]]:
+    """Every numeric evaluation value, keyed `T<temperature>/<domain>/<metric>`."""
+    metrics: dict[str, float | list[float]] = {"mismatches": drafter_eval.get("mismatches")}
+    for temperature, by_domain in (drafter_eval.get("by_temperature") or {}).items():
+        for domain, values in (by_domain or {}).items():
+            for name, value in (values or {}).items():
+                metrics[f"T{temperature}/{domain}/{name}"] = value
+    return metrics
+
+
+def gate_params(params: Params) -> dict[str, object]:
+    config = params.promote
+    out: dict[str, object] = {"gate.require_lossless": config.require_lossless,
+                              "gate.max_regression": config.max_regression}
+    for domain, floors in sorted(config.gates.items()):
+        out[f"gate.{domain}.min_tau"] = floors.min_tau
+        out[f"gate.{domain}.min_speedup"] = floors.min_speedup
+    return out
+
+
+def _version_record(registry: Registry, name: str, version: str, decision: GateDecision,
+                    already_registered: bool) -> dict:
+    current = registry.version(name, version)
+    champion = registry.alias_version(name, CHAMPION)
+    previous = registry.alias_version(name, PREVIOUS_CHAMPION)
+    return {
+        "model_name": name,
+        "version": str(version),
+        "model_uri": f"models:/{name}/{version}",
+        "decision": current.tags.get(TAG_GATE, "promoted" if decision.promote else "rejected"),
+        "promoted": decision.promote,
+        "reasons": decision.reasons,
+        "comparisons": [comparison.to_dict() for comparison in decision.comparisons],
+        "compared_with_champion": decision.champion_version,
+        "champion_version": str(champion.version) if champion else None,
+        "previous_champion_version": str(previous.version) if previous else None,
+        "already_registered": already_registered,
+        "source": current.tags.get("draftline.source"),
+        "source_path": current.tags.get("draftline.source_path"),
+        "run_id": current.run_id,
+    }
+
+
+def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluation: Evaluation, kind: str,
+              name: str, eval_key: str, checkpoint: Path, source: str, artifact_hash: str) -> str:
+    """One run + logged model + registered version for this drafter; returns the version number."""
+    training = load_training(paths, kind, evaluation)
+    lineage = training.get("lineage") or {}
+    drafter_eval = evaluation.drafters[kind]
+    metrics = gate_metrics(drafter_eval)
+    experiment_id = registry.experiment_id(params.promote.experiment)
+    train_run_id = training.get("mlflow_run_id")
+    train_run = registry.find_run(train_run_id)
+
+    tags = {
+        TAG_KIND: kind,
+        TAG_EVAL_KEY: eval_key,
+        "draftline.source": source,
+        "draftline.source_path": str(checkpoint),
+        "draftline.artifact_sha256": artifact_hash,
+        "draftline.eval_sha256": evaluation.sha256,
+        "draftline.backend": str(drafter_eval.get("backend", "unknown")),
+        TAG_TRAIN_RUN: str(train_run_id or "none"),
+        "lineage.verifier_id": evaluation.verifier_id,
+        "lineage.verifier_hash": evaluation.verifier_hash,
+        "lineage.corpus_hash": str(lineage.get("corpus_hash") or evaluation.corpus_hash),
+        "lineage.params_hash": str(lineage.get("params_hash", "unknown")),
+        "lineage.git_commit": str(lineage.get("git_commit", "unknown")),
+        **{tag_key(f"dvc.{stage}"): digest for stage, digest in dvc_stage_hashes().items()},
+        **export_tags(paths, kind),
+    }
+    if train_run_id and train_run is None:
+        tags["draftline.train_run_found"] = "false"  # trained against another tracking store
+
+    run = registry.start_run(experiment_id, f"promote-{kind}", {**tags, TAG_STAGE: "promote"}, train_run)
+    run_id = run.info.run_id
+    try:
+        model = registry.log_drafter_model(experiment_id, run_id, kind, checkpoint, tags)
+        registry.log_run_values(run_id, run_metrics(drafter_eval), gate_params(params), model_id=model.model_id)
+        inputs = [evaluation.path, paths.drafter(kind) / "training.json", paths.export(kind) / "manifest.json", DVC_LOCK]
+        for path in inputs:
+            if path.is_file():
+                registry.client.log_artifact(run_id, str(path), artifact_path="inputs")
+        version = registry.create_version(
+            name, model, run_id, {**tags, **metric_tags(metrics)},
+            description=f"{kind} drafter for verifier {evaluation.verifier_id}, evaluated at "
+            f"T={GATE_TEMPERATURE} (eval.json {evaluation.sha256[:12]}), checkpoint from {source}",
+        )
+    except BaseException:
+        registry.client.set_terminated(run_id, status="FAILED")
+        raise
+    registry.client.set_terminated(run_id)
+    return str(version.version)
+
+
+def gate_version(registry: Registry, params: Params, name: str, version: str) -> GateDecision:
+    """Run the gate on a registered version against the current champion, then move aliases/tag it."""
+    candidate = registry.version(name, version)
+    champion = registry.alias_version(name, CHAMPION)
+    if champion is not None and str(champion.version) == version:
+        champion = None  # a version never regresses against itself
+    decision = decide(
+        metrics_from_tags(candidate.tags), params.promote,
+        metrics_from_tags(champion.tags) if champion else None,
+        str(champion.version) if champion else None,
+    )
+    if decision.promote:
+        registry.set_champion(name, version)
+    outcome = "promoted" if decision.promote else "rejected"
+    registry.tag_version(name, version, {
+        TAG_GATE: outcome,
+        TAG_GATE_REASONS: "; ".join(decision.reasons) or "all thresholds passed",
+        TAG_GATE_DECISION: json.dumps(decision.to_dict(), sort_keys=True),
+    })
+    if candidate.run_id:
+        registry.client.set_tag(candidate.run_id, TAG_GATE, outcome)
+    return decision
+
+
+def promote_drafter(registry: Registry, params: Params, paths: ArtifactPaths, evaluation: Evaluation,
+                    kind: str) -> dict:
+    name = registered_model_name(params.promote.model_name_prefix, evaluation.verifier_id, kind)
+    checkpoint, source = drafter_checkpoint(paths, kind)
+    artifact_hash = hash_dir(checkpoint)
+    eval_key = hashlib.sha256(f"{evaluation.sha256}:{kind}:{artifact_hash}".encode()).hexdigest()[:32]
+
+    existing = registry.find_version(name, eval_key)
+    if existing is not None and TAG_GATE_DECISION in existing.tags:
+        decision = GateDecision.from_dict(json.loads(existing.tags[TAG_GATE_DECISION]))
+        return _version_record(registry, name, str(existing.version), decision, already_registered=True)
+    # A version without a decision is left over from an interrupted run: gate it, don't duplicate it.
+    version = str(existing.version) if existing is not None else _register(
+        registry, params, paths, evaluation, kind, name, eval_key, checkpoint, source, artifact_hash
+    )
+    decision = gate_version(registry, params, name, version)
+    return _version_record(registry, name, version, decision, already_registered=existing is not None)
+
+
+def comparisons_table(title: str, comparisons: list[dict]) -> Table:
+    """One row per gate comparison (`Comparison.to_dict()` form: NaN already became None)."""
+    table = Table(title=title, title_justify="left")
+    for column in ("check", "metric", "value", "threshold", "pass"):
+        table.add_column(column)
+    for comparison in comparisons:
+        value, threshold = comparison["value"], comparison["threshold"]
+        table.add_row(
+            comparison["check"], comparison["metric"],
+            "missing/NaN" if value is None else f"{value:.4g}",
+            "-" if threshold is None else f"{threshold:.4g}",
+            "[green]yes[/]" if comparison["passed"] else "[red]no[/]",
+        )
+    return table
+
+
+def print_decision(kind: str, record: dict) -> None:
+    verdict = "[bold green]PROMOTED[/]" if record["promoted"] else "[bold red]REJECTED[/]"
+    rerun = " (already registered: no change)" if record["already_registered"] else ""
+    title = f"{kind}: {record['model_name']} v{record['version']} {verdict}{rerun}"
+    console.print(comparisons_table(title, record["comparisons"]))
+    for reason in record["reasons"]:
+        console.print(f"  [red]x[/] {reason}")
+    champion, previous = record["champion_version"], record["previous_champion_version"]
+    console.print(f"  champion: {f'v{champion}' if champion else 'none'}  previous_champion: "
+                  f"{f'v{previous}' if previous else 'none'}  ({record['model_uri']})")
+
+
+def run(params: Params, args: argparse.Namespace) -> dict:
+    paths = ArtifactPaths.from_params(params)
+    evaluation = Evaluation.load(paths.metrics / "eval.json")
+    registry = Registry.from_params(params)
+    with mlflow_errors(registry.uri):
+        records = {kind: promote_drafter(registry, params, paths, evaluation, kind)
+                   for kind in sorted(evaluation.drafters)}
+    report = {
+        "tracking_uri": registry.uri,
+        "experiment": params.promote.experiment,
+        "eval_sha256": evaluation.sha256,
+        "drafters": records,
+    }
+    write_json_atomic(paths.metrics / "promotion.json", report)
+    for kind, record in records.items():
+        print_decision(kind, record)
+    console.print(f"MLflow UI: mlflow ui --backend-store-uri {registry.uri}")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = stage_parser("draftline promote", "Register evaluated drafters in MLflow and run the promotion gate.")
+    return run_stage(parser, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""The MLflow side of promotion: tracking runs, logged drafter models, registered versions, aliases.
+
+One registered model per verifier x drafter kind (`<prefix>-<verifier id>-<kind>`). Each evaluated
+drafter is an MLflow 3 logged model (its artifacts are the serving checkpoint, so
+`models:/<name>@champion` downloads a directory `from_pretrained` loads) registered as a new version.
+Gate metrics and lineage are version tags, which is also how the gate reads the champion back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Iterator, Mapping
+
+# Before mlflow is imported: no telemetry, no background logging threads, no artifact progress bars.
+os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+import mlflow  # noqa: E402
+from mlflow import MlflowClient  # noqa: E402
+from mlflow.entities import LoggedModel, Metric, Param, Run  # noqa: E402
+from mlflow.entities.model_registry import ModelVersion, RegisteredModel  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+
+from pipeline.config import Params  # noqa: E402
+from pipeline.errors import DraftlineError  # noqa: E402
+from pipeline.tracking import tracking_uri  # noqa: E402
+
+for _logger in ("mlflow", "alembic"):
+    logging.getLogger(_logger).setLevel(logging.WARNING)
+
+CHAMPION = "champion"
+PREVIOUS_CHAMPION = "previous_champion"
+
+TAG_KIND = "draftline.kind"
+TAG_STAGE = "draftline.stage"
+TAG_EVAL_KEY = "draftline.eval_key"
+TAG_TRAIN_RUN = "draftline.train_run_id"
+TAG_GATE = "gate"  # promoted | rejected | forced
+TAG_GATE_REASONS = "gate.reasons"
+TAG_GATE_DECISION = "gate.decision"  # the full decision as JSON, so a rerun can report it unchanged
+METRIC_TAG_PREFIX = "metric."
+
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_KEY_UNSAFE = re.compile(r"[^\w./ :-]+")
+
+
+def registered_model_name(prefix: str, verifier_id: str, kind: str) -> str:
+    """`<prefix>-<verifier id>-<kind>` with anything outside [A-Za-z0-9._-] collapsed to '-' (a
+    verifier id like `Qwen/Qwen3-0.6B` would otherwise break `models:/<name>@alias` URIs)."""
+    parts = (_NAME_UNSAFE.sub("-", part).strip("-.") for part in (prefix, verifier_id, kind))
+    return "-".join(part for part in parts if part)
+
+
+def tag_key(key: str) -> str:
+    """An MLflow-valid tag/metric key (DVC foreach stages are named `train@ar`)."""
+    return _KEY_UNSAFE.sub("_", key)
+
+
+def metric_tags(metrics: Mapping[str, float]) -> dict[str, str]:
+    return {f"{METRIC_TAG_PREFIX}{name}": repr(float(value)) for name, value in metrics.items()}
+
+
+def metrics_from_tags(tags: Mapping[str, str]) -> dict[str, float]:
+    """Inverse of `metric_tags`; an unparsable value reads as NaN so the gate treats it as missing."""
+    metrics = {}
+    for key, value in tags.items():
+        if key.startswith(METRIC_TAG_PREFIX):
+            try:
+                metrics[key.removeprefix(METRIC_TAG_PREFIX)] = float(value)
+            except ValueError:
+                metrics[key.removeprefix(METRIC_TAG_PREFIX)] = math.nan
+    return metrics
+
+
+def _sqlite_artifact_root(uri: str) -> str | None:
+    """Artifacts of an embedded sqlite store live next to the database file, not in the cwd."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    database = Path(uri.removeprefix("sqlite:///"))
+    return str(database.resolve().parent / "mlruns")
+
+
+class Registry:
+    """A tracking + registry client bound to one URI (also set as MLflow's process-wide URI,
+    because the sqlite registry store resolves logged models through the global client)."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)
+        self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+    @classmethod
+    def from_params(cls, params: Params) -> "Registry":
+        return cls(tracking_uri(params))
+
+    # ----------------------------------------------------------------- tracking
+
+    def experiment_id(self, name: str) -> str:
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is None:
+            return self.client.create_experiment(name, artifact_location=_sqlite_artifact_root(self.uri))
+        if experiment.lifecycle_stage == "deleted":
+            raise DraftlineError(
+                f"MLflow experiment '{name}' is deleted; restore it (`mlflow experiments restore`) "
+                "or set promote.experiment to another name"
+            )
+        return experiment.experiment_id
+
+    def find_run(self, run_id: str | None) -> Run | None:
+        if not run_id:
+            return None
+        try:
+            return self.client.get_run(run_id)
+        except MlflowException:
+            return None
+
+    def start_run(self, experiment_id: str, name: str, tags: Mapping[str, str], parent: Run | None) -> Run:
+        tags = dict(tags)
+        if parent is not None and parent.info.experiment_id == experiment_id:
+            tags["mlflow.parentRunId"] = parent.info.run_id  # nests the run under training in the UI
+        return self.client.create_run(experiment_id, tags=tags, run_name=name)
+
+    def log_run_values(self, run_id: str, metrics: Mapping[str, float | list[float]], params: Mapping[str, object],
+                       model_id: str | None = None) -> None:
+        """Finite metrics only (a list becomes one series over steps); params as strings."""
+        timestamp = int(time.time() * 1000)
+        entries = []
+        for key, value in metrics.items():
+            series = value if isinstance(value, list) else [value]
+            entries += [
+                Metric(tag_key(key), float(item), timestamp, step, model_id=model_id)
+                for step, item in enumerate(series)
+                if isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item)
+            ]
+        self.client.log_batch(
+            run_id, metrics=entries, params=[Param(tag_key(k), str(v)) for k, v in params.items()], synchronous=True
+        )
+
+    def log_drafter_model(self, experiment_id: str, run_id: str, kind: str, checkpoint: Path,
+                          tags: Mapping[str, str]) -> LoggedModel:
+        """The checkpoint directory as an MLflow 3 logged model, typed by its HF `model_type`."""
+        hf_type = json.loads((checkpoint / "config.json").read_text(encoding="utf-8")).get("model_type", "unknown")
+        model = self.client.create_logged_model(
+            experiment_id, name=f"{kind}-drafter", source_run_id=run_id, tags=dict(tags),
+            model_type=f"hf-checkpoint:{hf_type}",
+        )
+        try:
+            self.client.log_model_artifacts(model.model_id, str(checkpoint))
+        except BaseException:
+            self.client.finalize_logged_model(model.model_id, "FAILED")
+            raise
+        return self.client.finalize_logged_model(model.model_id, "READY")
+
+    # ----------------------------------------------------------------- registry
+
+    def create_version(self, name: str, model: LoggedModel, run_id: str, tags: Mapping[str, str],
+                       description: str) -> ModelVersion:
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            self.client.create_registered_model(
+                name, description="Speculative-decoding drafter registered by draftline; alias `champion` "
+                "marks the version that passed the promotion gate "
+                "(or was forced by hand: see its gate.forced_reason tag)."
+            )
+        return self.client.create_model_version(
+            name, source=f"models:/{model.model_id}", run_id=run_id, tags=dict(tags),
+            description=description, model_id=model.model_id,
+        )
+
+    def find_version(self, name: str, eval_key: str) -> ModelVersion | None:
+        found = self.client.search_model_versions(f"name = '{name}' and tags.`{TAG_EVAL_KEY}` = '{eval_key}'")
+        return min(found, key=lambda version: int(version.version)) if found else None
+
+    def version(self, name: str, version: str) -> ModelVersion:
+        try:
+            return self.client.get_model_version(name, str(version))
+        except MlflowException:
+            raise DraftlineError(
+                f"registered model '{name}' has no version {version}; see `draftline registry show {name}`"
+            ) from None
+
+    def versions(self, name: str) -> list[ModelVersion]:
+        found = self.client.search_model_versions(f"name = '{name}'")
+        return sorted(found, key=lambda version: int(version.version))
+
+    def alias_version(self, name: str, alias: str) -> ModelVersion | None:
+        try:
+            return self.client.get_model_version_by_alias(name, alias)
+        except MlflowException:
+            return None
+
+    def models(self, prefix: str = "") -> list[RegisteredModel]:
+        found = self.client.search_registered_models(filter_string=f"name LIKE '{prefix}%'", max_results=1000)
+        return sorted(found, key=lambda model: model.name)
+
+    def tag_version(self, name: str, version: str, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_model_version_tag(name, str(version), key, value)
+
+    def set_champion(self, name: str, version: str) -> str | None:
+        """Move `champion` to `version`; the version it leaves keeps `previous_champion`.
+        Returns the previous champion's version (None when there was none or it is the same)."""
+        current = self.alias_version(name, CHAMPION)
+        if current is not None and str(current.version) == str(version):
+            return None
+        if current is not None:
+            self.client.set_registered_model_alias(name, PREVIOUS_CHAMPION, str(current.version))
+        self.client.set_registered_model_alias(name, CHAMPION, str(version))
+        return str(current.version) if current is not None else None
+
+
+@contextlib.contextmanager
+def mlflow_errors(uri: str) -> Iterator[None]:
+    """An MLflow failure (server down, bad URI, store locked) is a one-line user error."""
+    try:
+        yield
+    except MlflowException as error:
+        message = str(error.message).splitlines()[0] if error.message else type(error).__name__
+        raise DraftlineError(
+            f"MLflow at {uri}: {message}; check promote.tracking_uri / $MLFLOW_TRACKING_URI"
+        ) from None

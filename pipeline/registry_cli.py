@@ -1,0 +1,154 @@
+"""`draftline registry list|show|promote`: inspect the drafter registry and promote by hand.
+
+`promote MODEL VERSION` runs the gate (current params) against the current champion; with
+`--force --reason TEXT` it skips the gate and records who forced it, when and why as version tags.
+MODEL is a registered model name or a drafter kind (`ar`/`block`, resolved with the verifier in
+`metrics/eval.json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import getpass
+import json
+import sys
+from typing import Sequence
+
+from rich.table import Table
+
+from pipeline.cli import run_stage, stage_parser
+from pipeline.config import Params
+from pipeline.errors import DraftlineError
+from pipeline.paths import ArtifactPaths
+from pipeline.progress import console
+from pipeline.promote import DRAFTER_KINDS, Evaluation, comparisons_table, gate_version
+from pipeline.registry import (
+    CHAMPION, PREVIOUS_CHAMPION, TAG_GATE, TAG_GATE_DECISION, TAG_GATE_REASONS, Registry, metrics_from_tags, mlflow_errors,
+    registered_model_name,
+)
+
+TAG_FORCED_REASON = "gate.forced_reason"
+TAG_FORCED_BY = "gate.forced_by"
+TAG_FORCED_AT = "gate.forced_at"
+
+
+def resolve_model(params: Params, model: str) -> str:
+    if model not in DRAFTER_KINDS:
+        return model
+    evaluation = Evaluation.load(ArtifactPaths.from_params(params).metrics / "eval.json")
+    return registered_model_name(params.promote.model_name_prefix, evaluation.verifier_id, model)
+
+
+def _aliases(registry: Registry, name: str) -> dict[str, str]:
+    return {alias: str(version.version) for alias in (CHAMPION, PREVIOUS_CHAMPION)
+            if (version := registry.alias_version(name, alias)) is not None}
+
+
+def _aliases_of(registry: Registry, name: str, version: str) -> str:
+    # search_model_versions leaves `aliases` empty, so resolve the two aliases draftline manages
+    return ",".join(alias for alias, held_by in _aliases(registry, name).items() if held_by == str(version)) or "-"
+
+
+def list_models(registry: Registry, params: Params) -> None:
+    table = Table(title=f"registered drafters ({registry.uri})", title_justify="left")
+    for column in ("model", "versions", "champion", "previous_champion"):
+        table.add_column(column)
+    models = registry.models(params.promote.model_name_prefix)
+    for model in models:
+        aliases = _aliases(registry, model.name)
+        table.add_row(model.name, str(len(registry.versions(model.name))),
+                      aliases.get(CHAMPION, "-"), aliases.get(PREVIOUS_CHAMPION, "-"))
+    console.print(table if models else f"no registered drafters named '{params.promote.model_name_prefix}*' yet")
+
+
+def show_model(registry: Registry, name: str, version: str | None) -> None:
+    if version is not None:
+        model_version = registry.version(name, version)
+        table = Table(title=f"{name} v{version} aliases: {_aliases_of(registry, name, version)}",
+                      title_justify="left", show_header=False)
+        table.add_column("tag", style="bold")
+        table.add_column("value", overflow="fold")
+        for key, value in sorted(model_version.tags.items()):
+            if key != TAG_GATE_DECISION:
+                table.add_row(key, value)
+        console.print(table)
+        if TAG_GATE_DECISION in model_version.tags:
+            decision = json.loads(model_version.tags[TAG_GATE_DECISION])
+            console.print(comparisons_table("gate comparisons", decision["comparisons"]))
+        return
+    versions = registry.versions(name)
+    if not versions:
+        raise DraftlineError(f"no registered model '{name}'; see `draftline registry list`")
+    table = Table(title=name, title_justify="left")
+    for column in ("version", "aliases", "gate", "source"):
+        table.add_column(column, no_wrap=True)
+    for column in ("metrics (T=0)", "reasons"):
+        table.add_column(column, overflow="fold")
+    for model_version in versions:
+        metrics = metrics_from_tags(model_version.tags)
+        shown = ", ".join(f"{key}={value:.3g}" for key, value in sorted(metrics.items())
+                          if key.endswith((".tau", ".speedup")))
+        table.add_row(str(model_version.version), _aliases_of(registry, name, model_version.version),
+                      model_version.tags.get(TAG_GATE, "-"), model_version.tags.get("draftline.source", "-"),
+                      shown, model_version.tags.get(TAG_GATE_REASONS, ""))
+    console.print(table)
+
+
+def promote_version(registry: Registry, params: Params, name: str, version: str, force: bool,
+                    reason: str | None) -> None:
+    registry.version(name, version)  # fails with a clear message when it does not exist
+    champion = registry.alias_version(name, CHAMPION)
+    if champion is not None and str(champion.version) == str(version):
+        console.print(f"{name} v{version} is already the champion; nothing to do")
+        return
+    if not force:
+        decision = gate_version(registry, params, name, version)
+        verdict = "promoted to champion" if decision.promote else "rejected: " + "; ".join(decision.reasons)
+        console.print(f"{name} v{version}: gate {verdict}")
+        return
+    if not reason or not reason.strip():
+        raise DraftlineError("--force needs --reason TEXT (recorded on the version); say why the gate is overridden")
+    previous = registry.set_champion(name, version)
+    registry.tag_version(name, version, {
+        TAG_GATE: "forced",
+        TAG_FORCED_REASON: reason.strip(),
+        TAG_FORCED_BY: getpass.getuser(),
+        TAG_FORCED_AT: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    })
+    moved = f" (previous_champion: v{previous})" if previous else ""
+    console.print(f"{name} v{version}: forced to champion{moved}; reason recorded: {reason.strip()}")
+
+
+def _run(params: Params, args: argparse.Namespace) -> None:
+    registry = Registry.from_params(params)
+    with mlflow_errors(registry.uri):
+        if args.action == "list":
+            list_models(registry, params)
+        elif args.action == "show":
+            show_model(registry, resolve_model(params, args.model), args.version)
+        else:
+            promote_version(registry, params, resolve_model(params, args.model), args.version, args.force,
+                            args.reason)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = stage_parser("draftline registry", "Inspect the MLflow drafter registry and promote by hand.")
+    # `--params` is also accepted after the action (SUPPRESS keeps the top-level default otherwise).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--params", default=argparse.SUPPRESS, help="path to params.yaml")
+    actions = parser.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", parents=[common], help="registered drafters with their champion / previous_champion")
+    show = actions.add_parser("show", parents=[common], help="versions of one model, or every tag of one version")
+    show.add_argument("model", help="registered model name, or a drafter kind (ar|block)")
+    show.add_argument("version", nargs="?", help="version number (default: all versions)")
+    promote = actions.add_parser("promote", parents=[common], help="run the gate on a version, or --force it to champion")
+    promote.add_argument("model", help="registered model name, or a drafter kind (ar|block)")
+    promote.add_argument("version", help="version number")
+    promote.add_argument("--force", action="store_true", help="skip the gate (needs --reason)")
+    promote.add_argument("--reason", help="why the gate is overridden (recorded as a version tag)")
+    return run_stage(parser, _run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+import json
+import math
+
+import pytest
+
+from pipeline.config import DomainGate, PromoteConfig
+from pipeline.gate import GateDecision, decide, gate_metrics
+
+CONFIG = PromoteConfig(
+    require_lossless=True,
+    max_regression=0.05,
+    gates={"code": DomainGate(min_tau=1.2, min_speedup=1.0), "text": DomainGate(min_tau=1.1, min_speedup=0.0)},
+)
+GOOD = {"lossless": 1.0, "code.tau": 2.0, "code.speedup": 1.4, "text.tau": 1.8, "text.speedup": 1.2}
+
+
+def failing(decision: GateDecision) -> set[tuple[str, str]]:
+    return {(c.check, c.metric) for c in decision.comparisons if not c.passed}
+
+
+def test_all_thresholds_pass_without_champion():
+    decision = decide(GOOD, CONFIG)
+    assert decision.promote and decision.reasons == []
+    # lossless + 2 floors x 2 domains, no regression checks without a champion
+    assert [(c.check, c.metric) for c in decision.comparisons] == [
+        ("lossless", "lossless"), ("floor", "code.tau"), ("floor", "code.speedup"),
+        ("floor", "text.tau"), ("floor", "text.speedup"),
+    ]
+    assert decision.champion_version is None
+
+
+@pytest.mark.parametrize("metric, value, check", [
+    ("code.tau", 1.19, "floor"),
+    ("code.speedup", 0.9, "floor"),
+    ("text.tau", math.nan, "floor"),
+    ("lossless", 0.0, "lossless"),
+    ("lossless", math.nan, "lossless"),
+])
+def test_one_bad_metric_blocks_promotion(metric, value, check):
+    decision = decide({**GOOD, metric: value}, CONFIG)
+    assert not decision.promote
+    assert failing(decision) == {(check, metric)}
+    assert len(decision.reasons) == 1 and metric in decision.reasons[0]
+
+
+def test_missing_domain_never_promotes():
+    candidate = {key: value for key, value in GOOD.items() if not key.startswith("text.")}
+    decision = decide(candidate, CONFIG)
+    assert not decision.promote
+    assert failing(decision) == {("floor", "text.tau"), ("floor", "text.speedup")}
+    assert all("missing/NaN" in reason for reason in decision.reasons)
+
+
+def test_lossless_not_checked_when_not_required():
+    config = CONFIG.model_copy(update={"require_lossless": False})
+    decision = decide({**GOOD, "lossless": 0.0}, config)
+    assert decision.promote
+    assert "lossless" not in {c.check for c in decision.comparisons}
+
+
+def test_regression_is_relative_per_domain_and_metric():
+    champion = {**GOOD, "code.tau": 2.0, "text.speedup": 1.2}
+    within = decide({**GOOD, "code.tau": 1.91}, CONFIG, champion, "3")  # 2.0 * 0.95 = 1.9
+    assert within.promote
+    assert within.champion_version == "3"
+    beyond = decide({**GOOD, "code.tau": 1.89, "text.speedup": 1.13}, CONFIG, champion, "3")
+    assert not beyond.promote
+    assert failing(beyond) == {("regression", "code.tau"), ("regression", "text.speedup")}
+    by_metric = {c.metric: c for c in beyond.comparisons if c.check == "regression"}
+    assert by_metric["code.tau"].threshold == pytest.approx(1.9)
+    assert "champion v3" in by_metric["code.tau"].detail
+
+
+def test_nan_candidate_fails_regression_and_nan_champion_does_not_block():
+    nan_champion = {**GOOD, "code.tau": math.nan}
+    decision = decide(GOOD, CONFIG, nan_champion, "1")
+    assert decision.promote
+    code_tau = next(c for c in decision.comparisons if c.check == "regression" and c.metric == "code.tau")
+    assert code_tau.threshold is None and "no value" in code_tau.detail
+    assert not decide({**GOOD, "code.speedup": math.nan}, CONFIG, GOOD, "1").promote
+
+
+def test_gate_metrics_reads_greedy_metrics_and_marks_junk_as_nan():
+    entry = {
+        "lossless": True,
+        "mismatches": 0,
+        "by_temperature": {
+            "0.0": {"code": {"tau": 2.5, "speedup": "fast", "acceptance_rate": None},
+                    "text": {"tau": 1.5, "speedup": 1.1}},
+            "0.8": {"code": {"tau": 9.0, "speedup": 9.0}},
+        },
+    }
+    metrics = gate_metrics(entry)
+    assert metrics["lossless"] == 1.0 and metrics["code.tau"] == 2.5 and metrics["text.speedup"] == 1.1
+    assert math.isnan(metrics["code.speedup"]) and math.isnan(metrics["code.acceptance_rate"])
+    assert math.isnan(gate_metrics({"lossless": "yes"})["lossless"])
+    assert not decide(metrics, CONFIG).promote  # the junk speedup blocks it
+
+
+def test_decision_round_trips_through_json_without_nan():
+    decision = decide({**GOOD, "code.tau": math.nan}, CONFIG, GOOD, "2")
+    text = json.dumps(decision.to_dict(), allow_nan=False)  # strict JSON: NaN became null
+    assert GateDecision.from_dict(json.loads(text)).to_dict() == decision.to_dict()

@@ -1,0 +1,261 @@
+"""Stage `promote` and `draftline registry` against a real MLflow sqlite store in a temp dir.
+
+The inputs (eval.json, training.json, export manifest, dvc.lock) are fake but follow the contracts;
+the AR checkpoint is a real tiny HF causal LM so loading `models:/<name>@champion` is checked for real.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from pipeline import promote, registry_cli
+from pipeline.registry import CHAMPION, PREVIOUS_CHAMPION, Registry, registered_model_name
+from tests.tiny_models import tiny_qwen3, tiny_tokenizer
+
+EXPERIMENT = "draftline-test"
+
+
+def domain_metrics(tau: float, speedup: float | None) -> dict:
+    return {"acceptance_rate": 0.5, "tau": tau, "speedup": speedup, "tokens_per_s": 900.0,
+            "baseline_tokens_per_s": 700.0, "draft_time_s": 0.4, "verify_time_s": 1.0,
+            "per_position_acceptance": [0.8, 0.6, 0.5], "prompts": 4}
+
+
+def drafter_eval(code_tau: float, text_tau: float, speedup: float | None = 1.3) -> dict:
+    greedy = {"code": domain_metrics(code_tau, speedup), "text": domain_metrics(text_tau, speedup)}
+    return {"backend": "torch", "lossless": True, "mismatches": 0,
+            "by_temperature": {"0.0": greedy, "0.8": greedy}}
+
+
+class Workspace:
+    """A project dir (params.yaml, artifacts/, metrics/) whose tracking URI is the shared temp store."""
+
+    def __init__(self, root: Path, store_uri: str, verifier_id: str, tokenizer_dir: Path):
+        self.root = root
+        self.verifier_id = verifier_id
+        self.tokenizer_dir = tokenizer_dir
+        self.params = root / "params.yaml"
+        self.params.write_text(yaml.safe_dump({"promote": {
+            "tracking_uri": store_uri, "experiment": EXPERIMENT, "model_name_prefix": "dl",
+            "gates": {"code": {"min_tau": 1.2, "min_speedup": 1.0}, "text": {"min_tau": 1.1, "min_speedup": 1.0}},
+        }}))
+        (root / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {"train@ar": {
+            "cmd": "python -m train.stage --drafter ar",
+            "deps": [{"path": "artifacts/corpus", "md5": "a" * 32 + ".dir"}],
+            "outs": [{"path": "artifacts/drafters/ar", "md5": "b" * 32 + ".dir"}]}}}))
+        self.verifier_hash = f"hash-{verifier_id}"
+
+    def name(self, kind: str) -> str:
+        return registered_model_name("dl", self.verifier_id, kind)
+
+    def write_ar_checkpoint(self, seed: int) -> torch.nn.Module:
+        serving = self.root / "artifacts/export/ar/serving"
+        shutil.rmtree(serving, ignore_errors=True)
+        model = tiny_qwen3(320, hidden_size=16, num_layers=1, seed=seed)
+        model.save_pretrained(serving)
+        shutil.copytree(self.tokenizer_dir, serving, dirs_exist_ok=True)
+        (self.root / "artifacts/export/ar/manifest.json").write_text(json.dumps(
+            {"files": {}, "skipped": {"tensorrt": "no CUDA device"}, "opset": 18}))
+        return model
+
+    def write_block_checkpoint(self) -> None:
+        # No export for the block drafter: promotion must fall back to the training output.
+        drafter = self.root / "artifacts/drafters/block"
+        drafter.mkdir(parents=True, exist_ok=True)
+        (drafter / "config.json").write_text(json.dumps({
+            "architectures": ["DFlashDraftModel"], "model_type": "dflash", "block_size": 4, "num_target_layers": 2,
+            "dflash_config": {"mask_token_id": 3, "target_layer_ids": [1, 2]}}))
+        save_file({"fc.weight": torch.zeros(16, 32), "norm.weight": torch.ones(16)}, drafter / "model.safetensors")
+
+    def write_training(self, kind: str, run_id: str | None, verifier_hash: str | None = None) -> None:
+        path = self.root / f"artifacts/drafters/{kind}/training.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({
+            "kind": kind, "steps": 10, "tokens": 1000, "train_loss": 2.0, "val_loss": 2.1,
+            "top1_agreement": [0.5], "simulated_acceptance_length": 1.5, "untrained_top1_agreement": [0.1],
+            "lineage": {"verifier_id": self.verifier_id, "verifier_hash": verifier_hash or self.verifier_hash,
+                        "corpus_hash": "corpus-1", "params_hash": "params-1", "git_commit": "abc123"},
+            "mlflow_run_id": run_id}))
+
+    def write_eval(self, drafters: dict) -> None:
+        path = self.root / "metrics/eval.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # json.dumps writes NaN for float('nan'), as an evaluation that broke would
+        path.write_text(json.dumps({"verifier": {"id": self.verifier_id, "hash": self.verifier_hash},
+                                    "corpus_hash": "corpus-1", "drafters": drafters}))
+
+    def promote(self) -> dict:
+        assert promote.main(["--params", str(self.params)]) == 0
+        return json.loads((self.root / "metrics/promotion.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("mlflow_store")
+    return f"sqlite:///{directory / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tokenizer")
+    tiny_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def make_workspace(tmp_path_factory, store, tokenizer_dir, verifier_id) -> Workspace:
+    return Workspace(tmp_path_factory.mktemp(verifier_id.replace("/", "_")), store, verifier_id, tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory, store, tokenizer_dir):
+    """good -> better -> worse -> NaN -> the NaN evaluation again, recording each promotion.json."""
+    ws = make_workspace(tmp_path_factory, store, tokenizer_dir, "tiny/verifier")
+    registry = Registry(store)
+    experiment_id = registry.experiment_id(EXPERIMENT)
+    train_run = registry.client.create_run(experiment_id, tags={"draftline.stage": "train", "draftline.kind": "ar"},
+                                           run_name="train-ar")
+    ws.write_training("ar", train_run.info.run_id)
+    ws.write_training("block", "run-from-another-store")
+    ws.write_block_checkpoint()
+    steps = [("good", 2.0), ("better", 2.5), ("worse", 1.6), ("nan", math.nan)]
+    out = {"ws": ws, "registry": registry, "train_run": train_run.info.run_id, "models": {}}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ws.root)
+        for seed, (label, code_tau) in enumerate(steps):
+            out["models"][label] = ws.write_ar_checkpoint(seed)
+            speedup = None if label == "nan" else 1.3
+            ws.write_eval({"ar": drafter_eval(code_tau, 1.8, speedup), "block": drafter_eval(2.0, 1.8)})
+            out[label] = ws.promote()
+        out["runs_before_rerun"] = len(registry.client.search_runs([experiment_id]))
+        out["rerun"] = ws.promote()
+        out["runs_after_rerun"] = len(registry.client.search_runs([experiment_id]))
+    return out
+
+
+def test_first_drafter_promotes_with_metrics_and_lineage(history):
+    ar = history["good"]["drafters"]["ar"]
+    assert ar["promoted"] and ar["decision"] == "promoted" and ar["reasons"] == []
+    assert ar["version"] == "1" and ar["champion_version"] == "1" and ar["previous_champion_version"] is None
+    assert ar["source"] == "export"
+    assert {c["check"] for c in ar["comparisons"]} == {"lossless", "floor"}  # no champion yet to regress from
+    version = history["registry"].version(history["ws"].name("ar"), "1")
+    tags = version.tags
+    assert float(tags["metric.code.tau"]) == 2.0 and float(tags["metric.lossless"]) == 1.0
+    assert tags["lineage.verifier_hash"] == "hash-tiny/verifier" and tags["lineage.git_commit"] == "abc123"
+    assert tags["dvc.train_ar"] and tags["export.skipped.tensorrt"] == "no CUDA device"
+    assert tags["export.onnx"] == "absent" and len(tags["export.manifest_sha256"]) == 64
+    # the evaluation run is a child of the training run, so the drafter's history is one click away
+    run = history["registry"].client.get_run(version.run_id)
+    assert run.data.tags["mlflow.parentRunId"] == history["train_run"]
+    assert run.data.metrics["T0.0/code/tau"] == 2.0 and run.data.params["gate.code.min_tau"] == "1.2"
+    logged = history["registry"].client.get_logged_model(version.source.removeprefix("models:/"))
+    assert logged.source_run_id == version.run_id and logged.model_type == "hf-checkpoint:qwen3"
+
+
+def test_block_falls_back_to_training_output_and_records_missing_training_run(history):
+    block = history["good"]["drafters"]["block"]
+    assert block["promoted"] and block["source"] == "drafter"
+    assert block["model_name"] == "dl-tiny-verifier-block"
+    tags = history["registry"].version(block["model_name"], block["version"]).tags
+    assert tags["draftline.train_run_found"] == "false"
+    assert tags["draftline.source_path"].endswith("artifacts/drafters/block")
+
+
+def test_better_drafter_replaces_champion(history):
+    ar = history["better"]["drafters"]["ar"]
+    assert ar["promoted"] and ar["version"] == "2"
+    assert ar["champion_version"] == "2" and ar["previous_champion_version"] == "1"
+    assert ar["compared_with_champion"] == "1"
+    assert {c["check"] for c in ar["comparisons"]} == {"lossless", "floor", "regression"}
+
+
+def test_worse_drafter_is_rejected_with_reasons(history):
+    ar = history["worse"]["drafters"]["ar"]
+    assert not ar["promoted"] and ar["decision"] == "rejected" and ar["version"] == "3"
+    assert ar["champion_version"] == "2"
+    assert len(ar["reasons"]) == 1 and "code.tau 1.6 < 2.375" in ar["reasons"][0]
+    tags = history["registry"].version(ar["model_name"], "3").tags
+    assert tags["gate"] == "rejected" and "champion v2" in tags["gate.reasons"]
+
+
+def test_nan_metrics_are_rejected(history):
+    ar = history["nan"]["drafters"]["ar"]
+    assert not ar["promoted"] and ar["version"] == "4" and ar["champion_version"] == "2"
+    failed = {(c["check"], c["metric"]) for c in ar["comparisons"] if not c["passed"]}
+    assert ("floor", "code.tau") in failed and ("floor", "code.speedup") in failed
+    assert ("regression", "text.speedup") in failed
+    assert all(c["value"] is None for c in ar["comparisons"] if c["metric"] in ("code.tau", "code.speedup"))
+    assert "missing/NaN" in history["registry"].version(ar["model_name"], "4").tags["gate.reasons"]
+
+
+def test_rerun_is_a_no_op(history):
+    first, again = history["nan"]["drafters"], history["rerun"]["drafters"]
+    registry, name = history["registry"], history["ws"].name("ar")
+    assert len(registry.versions(name)) == 4
+    assert history["runs_after_rerun"] == history["runs_before_rerun"]
+    for kind in ("ar", "block"):
+        assert again[kind]["already_registered"] and not first[kind]["already_registered"]
+        assert {**again[kind], "already_registered": False} == first[kind]
+
+
+def test_champion_uri_loads_the_promoted_drafter(history, tmp_path):
+    import mlflow
+    from transformers import AutoModelForCausalLM
+
+    name = history["ws"].name("ar")
+    Registry(history["registry"].uri)  # points MLflow's process-wide registry URI at the temp store
+    local = mlflow.artifacts.download_artifacts(f"models:/{name}@{CHAMPION}", dst_path=str(tmp_path))
+    loaded = AutoModelForCausalLM.from_pretrained(local)
+    expected = history["models"]["better"].state_dict()
+    assert loaded.state_dict().keys() == expected.keys()
+    assert all(torch.equal(loaded.state_dict()[key], value) for key, value in expected.items())
+    assert history["registry"].alias_version(name, PREVIOUS_CHAMPION).version == 1
+
+
+def test_forced_promotion_via_cli_records_reason(tmp_path_factory, store, tokenizer_dir, capsys):
+    ws = make_workspace(tmp_path_factory, store, tokenizer_dir, "forced")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ws.root)
+        ws.write_ar_checkpoint(seed=7)
+        ws.write_training("ar", None)
+        ws.write_eval({"ar": drafter_eval(1.0, 1.0)})  # below the floors
+        assert not ws.promote()["drafters"]["ar"]["promoted"]
+        params = ["--params", str(ws.params)]
+        # through the gate by hand: still rejected; --force without a reason is refused
+        assert registry_cli.main(params + ["promote", "ar", "1"]) == 0
+        assert registry_cli.main(params + ["promote", "ar", "1", "--force"]) == 1
+        registry = Registry(store)
+        assert registry.alias_version(ws.name("ar"), CHAMPION) is None
+        assert registry_cli.main(["promote", "ar", "1", "--force", "--reason", "canary ok in prod"] + params) == 0
+        version = registry.alias_version(ws.name("ar"), CHAMPION)
+        assert version.version == 1 and version.tags["gate"] == "forced"
+        assert version.tags["gate.forced_reason"] == "canary ok in prod" and version.tags["gate.forced_by"]
+        assert registry_cli.main(params + ["promote", "ar", "1"]) == 0  # already champion: not re-gated
+        assert registry.version(ws.name("ar"), "1").tags["gate"] == "forced"
+        capsys.readouterr()
+        assert registry_cli.main(params + ["list"]) == 0
+        assert registry_cli.main(params + ["show", ws.name("ar")]) == 0
+        shown = capsys.readouterr().err
+        assert "dl-forced-ar" in shown and "forced" in shown
+
+
+def test_stale_or_missing_inputs_fail_cleanly(tmp_path_factory, store, tokenizer_dir, capsys):
+    ws = make_workspace(tmp_path_factory, store, tokenizer_dir, "stale")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ws.root)
+        assert promote.main(["--params", str(ws.params)]) == 1
+        assert "eval.json not found" in capsys.readouterr().err
+        ws.write_ar_checkpoint(seed=0)
+        ws.write_training("ar", None, verifier_hash="some-other-verifier")
+        ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+        assert promote.main(["--params", str(ws.params)]) == 1
+        assert "trained against verifier some-other-verifier" in capsys.readouterr().err
+        assert not (ws.root / "metrics/promotion.json").exists()
