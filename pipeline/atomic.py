@@ -11,6 +11,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+def _umask_mode(mode: int) -> int:
+    """mkstemp/mkdtemp create private (0600/0700) entries; artifacts get the usual umask-based mode."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -20,6 +27,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, _umask_mode(0o666))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -38,6 +46,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    os.chmod(tmp, _umask_mode(0o777))
     try:
         yield tmp
     except BaseException:
