@@ -37,20 +37,24 @@ class BootstrapConfig(Section):
     """The offline demo verifier: a byte-level BPE tokenizer + small Qwen3 trained on the stdlib."""
 
     vocab_size: int = Field(4096, ge=300, le=65536)
+    # Deep and narrow: a verifier forward must cost clearly more than a 1-2 layer drafter's.
     hidden_size: int = Field(128, ge=16, le=4096)
-    num_layers: int = Field(4, ge=2, le=64)
+    num_layers: int = Field(6, ge=2, le=64)
     num_heads: int = Field(4, ge=1, le=64)
     num_kv_heads: int = Field(2, ge=1, le=64)
     intermediate_size: int = Field(384, ge=16)
     head_dim: int = Field(32, ge=8, le=256)
     max_position_embeddings: int = Field(512, ge=64)
     seq_len: int = Field(128, ge=16, le=4096)
-    batch_size: int = Field(16, ge=1)
-    max_steps: int = Field(800, ge=1)
-    time_budget_s: float = Field(300.0, gt=0)
-    learning_rate: float = Field(3e-3, gt=0, lt=1)
-    warmup_steps: int = Field(50, ge=0)
-    max_corpus_chars: int = Field(6_000_000, ge=10_000)
+    # Small batches: early in training, more updates beat bigger ones for the same CPU time.
+    batch_size: int = Field(8, ge=1)
+    max_steps: int = Field(3000, ge=1)
+    # Wall-time budget of the training loop; the whole stage adds ~25 s for text and tokenizer.
+    time_budget_s: float = Field(285.0, gt=0)
+    learning_rate: float = Field(4e-3, gt=0, lt=1)
+    warmup_steps: int = Field(20, ge=0)
+    # ~0.9M training tokens: more than the budget can consume, and cheap to collect and tokenize
+    max_corpus_chars: int = Field(3_000_000, ge=10_000)
     eval_every: int = Field(100, ge=1)
 
     @model_validator(mode="after")
@@ -125,7 +129,7 @@ class CorpusConfig(Section):
         min_length=1,
     )
     max_prompts_per_domain: dict[Literal["code", "text"], int] = Field(
-        default_factory=lambda: {"code": 240, "text": 240}
+        default_factory=lambda: {"code": 400, "text": 400}
     )
     prompt_max_tokens: int = Field(96, ge=4)
     max_new_tokens: int = Field(64, ge=1)
@@ -211,7 +215,8 @@ class ARDrafterConfig(Section):
     init: Literal["verifier", "scratch", "pretrained"] = "verifier"
     init_path: Optional[str] = None
     loss: LossConfig = LossConfig()
-    trainer: TrainerConfig = TrainerConfig()
+    # Sized so train_ar takes a few minutes on a 2-core CPU with the demo verifier.
+    trainer: TrainerConfig = TrainerConfig(max_steps=100, val_every_n_steps=50, checkpoint_every_n_steps=25)
 
     @model_validator(mode="after")
     def _pretrained_path(self) -> "ARDrafterConfig":
@@ -228,13 +233,18 @@ class BlockDrafterConfig(Section):
     num_heads: Optional[int] = Field(None, ge=1, description="None: the verifier's")
     num_kv_heads: Optional[int] = Field(None, ge=1)
     intermediate_size: Optional[int] = Field(None, ge=16)
-    num_target_layers: int = Field(5, ge=1, le=16)
+    num_target_layers: int = Field(
+        5, ge=1, le=16,
+        description="how many verifier layers to condition on (fewer for shallow verifiers); the saved "
+        "config.json's num_target_layers is the verifier's depth, as serving stacks expect",
+    )
     target_layer_ids: Optional[list[int]] = None
     mask: Literal["auto", "token", "learned"] = "auto"
-    anchors_per_sequence: int = Field(16, ge=1)
+    anchors_per_sequence: int = Field(8, ge=1)
     gamma: Optional[float] = Field(None, gt=0, description="None: 7 for B=16, 5 for 10, 4 for 8")
     denoise_steps: int = Field(1, ge=1)
-    trainer: TrainerConfig = TrainerConfig()
+    # Sized so the demo trains in a few minutes on 2 CPU cores (one verifier + drafter pass per step).
+    trainer: TrainerConfig = TrainerConfig(batch_size=8, max_steps=200)
 
 
 class TrainConfig(Section):
@@ -263,9 +273,11 @@ class ProfileConfig(Section):
 class ExportConfig(Section):
     kinds: list[Literal["ar", "block"]] = Field(default_factory=lambda: ["ar", "block"], min_length=1)
     opset: int = Field(18, ge=14, le=23)
+    exporter: Literal["dynamo", "torchscript"] = "dynamo"
     atol: float = Field(1e-4, gt=0)
     rtol: float = Field(1e-3, gt=0)
     parity_steps: int = Field(20, ge=1)
+    parity_prompts: int = Field(3, ge=1, description="corpus test prompts used by the parity checks")
     tensorrt: Literal["auto", "required", "off"] = "auto"
     trt_precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     trt_workspace_mb: int = Field(1024, ge=16)

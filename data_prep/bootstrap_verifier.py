@@ -1,0 +1,235 @@
+"""Stage `bootstrap_verifier`: train the offline demo verifier, or record an external one.
+
+`verifier.source: bootstrap` trains a byte-level BPE tokenizer and a small `Qwen3ForCausalLM` on the
+standard library's source and documentation within a step and wall-time budget, and saves a normal
+HF checkpoint dir. `verifier.source: hf` only checks that the named local model loads and records its
+path and content hash (no copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+
+from data_prep.stdlib_text import collect_stdlib_texts
+from data_prep.tokenizer import train_bpe_tokenizer
+from data_prep.verifier import load_model_and_tokenizer, write_record
+from pipeline.atomic import atomic_dir, write_json_atomic
+from pipeline.cli import run_stage, stage_parser
+from pipeline.config import BootstrapConfig, Params, VerifierConfig
+from pipeline.errors import DraftlineError
+from pipeline.paths import ArtifactPaths
+from pipeline.progress import info, print_summary, progress
+
+VALIDATION_FRACTION = 50  # 1/50 of each stream, its tail (whole modules/topics unseen in training)
+VALIDATION_BATCHES = 4
+# Prose paragraphs are grouped into documents so EOS is rare in prose, as in real text: with one
+# paragraph per document the verifier learns to stop after a sentence or two and text drafts starve.
+PARAGRAPHS_PER_DOCUMENT = 8
+
+
+# --------------------------------------------------------------------------- data
+
+
+def token_streams(docs: list[str], tokenizer: PreTrainedTokenizerBase, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, validation) token streams: documents joined with EOS; the last 2% is held out."""
+    eos = tokenizer.eos_token_id
+    stream = [token for ids in tokenizer(docs, add_special_tokens=False)["input_ids"] for token in ids + [eos]]
+    held_out = max(len(stream) // VALIDATION_FRACTION, 4 * seq_len)
+    if len(stream) < 2 * held_out:
+        raise DraftlineError(
+            f"only {len(stream)} tokens of stdlib text; raise verifier.bootstrap.max_corpus_chars or lower seq_len"
+        )
+    tensor = torch.tensor(stream, dtype=torch.long)
+    return tensor[:-held_out], tensor[-held_out:]
+
+
+def random_windows(stream: torch.Tensor, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, len(stream) - length, (batch,), generator=generator)
+    return torch.stack([stream[start : start + length] for start in starts.tolist()])
+
+
+def fixed_windows(stream: torch.Tensor, count: int, length: int) -> torch.Tensor:
+    """Evenly spaced validation windows, the same at every evaluation."""
+    usable = len(stream) - length
+    step = max(1, usable // count)
+    return torch.stack([stream[i * step : i * step + length] for i in range(count)])
+
+
+# --------------------------------------------------------------------------- model and schedule
+
+
+def build_model(config: BootstrapConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    model_config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return Qwen3ForCausalLM(model_config)
+
+
+def learning_rate(config: BootstrapConfig, step: int, progress_fraction: float) -> float:
+    """Linear warmup, then cosine to 10% over whichever budget (steps or wall time) runs out first."""
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    return config.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress_fraction))))
+
+
+@torch.no_grad()
+def mean_loss(model: Qwen3ForCausalLM, windows: torch.Tensor, batch_size: int) -> float:
+    model.eval()
+    losses = [model(input_ids=chunk, labels=chunk).loss.item() for chunk in windows.split(batch_size)]
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def train(model: Qwen3ForCausalLM, config: BootstrapConfig, train_stream: torch.Tensor,
+          validation: dict[str, torch.Tensor], seed: int) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
+    model.train()
+    start = time.perf_counter()
+    history: list[dict] = []
+    running = None
+    step = 0
+    bar = progress(desc="bootstrap verifier", total=config.max_steps, unit="step")
+    while step < config.max_steps:
+        elapsed = time.perf_counter() - start
+        if elapsed >= config.time_budget_s:
+            break
+        fraction = max(step / config.max_steps, elapsed / config.time_budget_s)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(config, step, fraction)
+        batch = random_windows(train_stream, config.batch_size, config.seq_len, generator)
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
+        bar.update(1)
+        bar.set_postfix(loss=f"{running:.3f}")
+        if step % config.eval_every == 0:
+            history.append(_evaluate(model, config, validation, step, running, start))
+    bar.close()
+    if not history or history[-1]["step"] != step:
+        history.append(_evaluate(model, config, validation, step, running, start))
+    model.eval()
+    return {"steps": step, "train_seconds": round(time.perf_counter() - start, 1),
+            "tokens": step * config.batch_size * config.seq_len, "history": history}
+
+
+def _evaluate(model, config: BootstrapConfig, validation: dict[str, torch.Tensor], step: int,
+              running: float, start: float) -> dict:
+    losses = {domain: round(mean_loss(model, windows, config.batch_size), 4) for domain, windows in validation.items()}
+    entry = {"step": step, "train_loss": round(running, 4), "seconds": round(time.perf_counter() - start, 1),
+             **{f"val_loss_{domain}": value for domain, value in losses.items()}}
+    info(f"step {step}: train loss {running:.3f}, " +
+         ", ".join(f"val loss {domain} {value:.3f}" for domain, value in losses.items()))
+    return entry
+
+
+# --------------------------------------------------------------------------- stage
+
+
+def bootstrap(params: Params, paths: ArtifactPaths) -> None:
+    config = params.verifier.bootstrap
+    seed = params.project.seed
+    stage_start = time.perf_counter()
+    torch.manual_seed(seed)
+    texts = collect_stdlib_texts(config.max_corpus_chars)
+    info(f"stdlib text: {len(texts.code)} code chunks, {len(texts.prose)} prose paragraphs, {texts.chars:,} chars")
+    tokenizer = train_bpe_tokenizer(texts.code + texts.prose, config.vocab_size)
+    code_train, code_val = token_streams(texts.code, tokenizer, config.seq_len)
+    prose_documents = [
+        "\n\n".join(texts.prose[start : start + PARAGRAPHS_PER_DOCUMENT])
+        for start in range(0, len(texts.prose), PARAGRAPHS_PER_DOCUMENT)
+    ]
+    prose_train, prose_val = token_streams(prose_documents, tokenizer, config.seq_len)
+    train_stream = torch.cat([code_train, prose_train])
+    windows = VALIDATION_BATCHES * config.batch_size
+    validation = {"code": fixed_windows(code_val, windows, config.seq_len),
+                  "text": fixed_windows(prose_val, windows, config.seq_len)}
+    info(f"tokens: {len(train_stream):,} train, {len(code_val) + len(prose_val):,} validation "
+         f"(vocab {len(tokenizer)})")
+    model = build_model(config, tokenizer, seed)
+    result = train(model, config, train_stream, validation, seed)
+    final = result["history"][-1]
+    with atomic_dir(paths.verifier) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        write_json_atomic(tmp / "bootstrap.json", {"params": config.model_dump(mode="json"), **result})
+        record = write_record(tmp, source="bootstrap", name_or_path=str(paths.verifier),
+                              id_prefix=f"bootstrap-qwen3-{config.num_layers}l{config.hidden_size}d")
+    print_summary("bootstrap_verifier", {
+        "parameters": f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M",
+        "layers x width": f"{config.num_layers} x {config.hidden_size}",
+        "steps": result["steps"], "train tokens": f"{result['tokens']:,}",
+        "train loss": final["train_loss"], "val loss code": final["val_loss_code"],
+        "val loss text": final["val_loss_text"], "stage seconds": round(time.perf_counter() - stage_start, 1),
+        "id": record["id"], "output": str(paths.verifier),
+    })
+
+
+def resolve_external(config: VerifierConfig) -> Path:
+    """A local directory, or the snapshot of a model already in the local HF cache."""
+    location = Path(config.name_or_path).expanduser()
+    if location.is_dir():
+        return location.resolve()
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(config.name_or_path, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError):
+        raise DraftlineError(
+            f"verifier '{config.name_or_path}' is neither a local directory nor a model in the local HF cache; "
+            "set verifier.name_or_path to a downloaded checkpoint"
+        ) from None
+
+
+def record_external(params: Params, paths: ArtifactPaths) -> None:
+    config = params.verifier
+    location = resolve_external(config)
+    model, _ = load_model_and_tokenizer(str(location), config.dtype, config.trust_remote_code)
+    with atomic_dir(paths.verifier) as tmp:
+        record = write_record(tmp, source="hf", name_or_path=str(location), id_prefix=Path(config.name_or_path).name,
+                              trust_remote_code=config.trust_remote_code, model_dir=location)
+    print_summary("bootstrap_verifier (external)", {
+        "model": type(model).__name__, "path": str(location),
+        "parameters": f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M", "id": record["id"],
+    })
+
+
+def run(params: Params, args: argparse.Namespace) -> None:
+    paths = ArtifactPaths.from_params(params)
+    if params.verifier.source == "hf":
+        record_external(params, paths)
+    else:
+        bootstrap(params, paths)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = stage_parser("draftline bootstrap_verifier", __doc__.splitlines()[0])
+    return run_stage(parser, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""Load the verifier recorded by `bootstrap_verifier`, and compare tokenizers against it.
+
+`artifacts/verifier/verifier.json` says where the model is: the directory itself (bootstrap) or an
+external local path / cached HF name (source `hf`). Nothing downstream needs to know which.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers.utils import logging as transformers_logging
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from data_prep.tokenizer import MASK_TOKEN
+from pipeline.atomic import write_json_atomic
+from pipeline.errors import DraftlineError
+from pipeline.lineage import hash_dir
+from pipeline.paths import ArtifactPaths
+
+RECORD_NAME = "verifier.json"
+_MISSING_HINT = "run `dvc repro bootstrap_verifier` (or `draftline bootstrap_verifier`)"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def read_record(paths: ArtifactPaths) -> dict:
+    record_path = paths.verifier / RECORD_NAME
+    if not record_path.is_file():
+        raise DraftlineError(f"no verifier at {paths.verifier} ({RECORD_NAME} missing); {_MISSING_HINT}")
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DraftlineError(f"{record_path} is not valid JSON ({error}); {_MISSING_HINT}") from None
+    if not isinstance(record, dict) or not {"source", "name_or_path", "hash", "id"} <= record.keys():
+        raise DraftlineError(f"{record_path} lacks source/name_or_path/hash/id; {_MISSING_HINT}")
+    return record
+
+
+def write_record(directory: Path, *, source: str, name_or_path: str, id_prefix: str,
+                 trust_remote_code: bool = False, model_dir: Path | None = None) -> dict:
+    """Write `verifier.json` into `directory`; the hash covers `model_dir` (default: `directory` itself).
+
+    Tests use it too: a checkpoint saved into `artifacts/verifier/` plus this record is a verifier.
+    """
+    content_hash = hash_dir(model_dir or directory, exclude=(RECORD_NAME,))
+    record = {"source": source, "name_or_path": name_or_path, "hash": content_hash,
+              "id": f"{id_prefix}-{content_hash[:12]}", "trust_remote_code": trust_remote_code}
+    write_json_atomic(Path(directory) / RECORD_NAME, record)
+    return record
+
+
+def verifier_identity(paths: ArtifactPaths) -> dict:
+    record = read_record(paths)
+    return {"id": record["id"], "hash": record["hash"], "source": record["source"]}
+
+
+def model_location(paths: ArtifactPaths, record: dict) -> str:
+    """The directory (or cached HF name) to load: the verifier dir itself for a bootstrapped model."""
+    return str(paths.verifier) if record["source"] == "bootstrap" else record["name_or_path"]
+
+
+def load_model_and_tokenizer(
+    location: str, dtype: str = "float32", trust_remote_code: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Local files only, safetensors only; the model comes back frozen in eval mode."""
+    transformers_logging.disable_progress_bar()  # weight-loading bars would drown the stage's own
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            location, dtype=_DTYPES[dtype], use_safetensors=True,
+            trust_remote_code=trust_remote_code, local_files_only=True,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(
+            location, trust_remote_code=trust_remote_code, local_files_only=True
+        )
+    except (OSError, ValueError, KeyError, ImportError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DraftlineError(
+            f"cannot load verifier '{location}' as a causal LM with safetensors weights ({first_line}); "
+            "check verifier.name_or_path (a local dir or a model in the local HF cache)"
+        ) from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    model.requires_grad_(False)
+    return model, tokenizer
+
+
+def load_verifier(paths: ArtifactPaths, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    record = read_record(paths)
+    location = model_location(paths, record)
+    if record["source"] == "bootstrap" and not (paths.verifier / "config.json").is_file():
+        raise DraftlineError(f"{paths.verifier} has {RECORD_NAME} but no checkpoint; {_MISSING_HINT}")
+    return load_model_and_tokenizer(location, dtype, bool(record.get("trust_remote_code", False)))
+
+
+def mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    if tokenizer.mask_token_id is not None:
+        return tokenizer.mask_token_id
+    token_id = tokenizer.get_vocab().get(MASK_TOKEN)
+    return token_id
+
+
+def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
+    return {"eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id, "mask": mask_token_id(tokenizer)}
+
+
+def check_same_tokenizer(verifier_tok: PreTrainedTokenizerBase, drafter_tok: PreTrainedTokenizerBase, what: str) -> None:
+    """Drafts are verified token id by token id, so the vocabularies must be identical."""
+    if verifier_tok.get_vocab() != drafter_tok.get_vocab():
+        raise DraftlineError(
+            f"{what}: tokenizer vocabulary differs from the verifier's ({len(drafter_tok)} vs {len(verifier_tok)} "
+            "tokens); rebuild it against the current verifier"
+        )
+    ours, theirs = _special_ids(verifier_tok), _special_ids(drafter_tok)
+    if ours != theirs:
+        raise DraftlineError(
+            f"{what}: special token ids differ from the verifier's ({theirs} vs {ours}); rebuild it against the current verifier"
+        )

@@ -1,0 +1,196 @@
+"""Stage `evaluate`: speculative decoding of every drafter on the corpus test split (DESIGN section 7).
+
+Per drafter x temperature x domain it measures acceptance, tau (tokens committed per verifier
+forward, bonus/correction token included), per-position acceptance, tokens/s and the speedup over
+verifier-only decoding run on the same prompts in the same process (baseline and speculative runs
+alternate prompt by prompt, after a warm-up). At T = 0 every speculative output is compared with
+the baseline token for token. `per_position_acceptance[i]` is the fraction of verifier steps whose
+draft position i+1 was accepted (so it is non-increasing). Writes `metrics/eval.json` and `plots/eval_*.{csv,png}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from pipeline.atomic import write_json_atomic
+from pipeline.cli import run_stage, stage_parser
+from pipeline.config import Params
+from pipeline.paths import ArtifactPaths
+from pipeline.progress import console, info, progress
+from serve_eval.decoding import Generation, Proposer, decode
+from serve_eval.loading import load_proposers, load_test_prompts, load_verifier_for_decoding
+from serve_eval.peer import hf_assisted_generate
+from serve_eval.plots import write_plots
+from serve_eval.verification import Sampling
+
+
+@dataclass
+class Tally:
+    """Sums over the prompts of one drafter x temperature x domain cell."""
+
+    prompts: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    committed: int = 0
+    forwards: int = 0
+    spec_s: float = 0.0
+    spec_tokens: int = 0
+    base_s: float = 0.0
+    base_tokens: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    mismatches: int = 0
+    peer_s: float = 0.0
+    peer_tokens: int = 0
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    committed_per_step: dict[int, int] = field(default_factory=dict)
+
+    def add(self, spec: Generation, base: Generation) -> None:
+        self.prompts += 1
+        self.drafted += spec.drafted
+        self.accepted += spec.accepted
+        self.committed += len(spec.new_ids)
+        self.forwards += spec.verifier_forwards
+        self.spec_s += spec.wall_s
+        self.spec_tokens += len(spec.new_ids)
+        self.base_s += base.wall_s
+        self.base_tokens += len(base.new_ids)
+        for step in spec.steps:
+            self.draft_s += step.draft_s
+            self.verify_s += step.verify_s
+            self.committed_per_step[step.committed] = self.committed_per_step.get(step.committed, 0) + 1
+            for position in range(step.drafted):
+                if position == len(self.position_drafted):
+                    self.position_drafted.append(0)
+                    self.position_accepted.append(0)
+                self.position_drafted[position] += 1
+                self.position_accepted[position] += position < step.accepted
+
+    def metrics(self) -> dict:
+        tokens_per_s = self.spec_tokens / max(self.spec_s, 1e-9)
+        baseline_tokens_per_s = self.base_tokens / max(self.base_s, 1e-9)
+        out = {
+            "acceptance_rate": self.accepted / max(1, self.drafted),
+            "tau": self.committed / max(1, self.forwards),
+            "speedup": tokens_per_s / baseline_tokens_per_s,
+            "tokens_per_s": tokens_per_s,
+            "baseline_tokens_per_s": baseline_tokens_per_s,
+            "draft_time_s": self.draft_s,
+            "verify_time_s": self.verify_s,
+            "per_position_acceptance": [a / d for a, d in zip(self.position_accepted, self.position_drafted)],
+            "prompts": self.prompts,
+        }
+        if self.peer_tokens:
+            peer_tokens_per_s = self.peer_tokens / max(self.peer_s, 1e-9)
+            out["hf_assisted_tokens_per_s"] = peer_tokens_per_s
+            out["ours_vs_hf_assisted"] = tokens_per_s / peer_tokens_per_s
+        return out
+
+
+def temperature_key(temperature: float) -> str:
+    return str(float(temperature))
+
+
+def evaluate_cell(verifier, proposer: Proposer, prompts: list[list[int]], sampling: Sampling, *,
+                  max_new_tokens: int, eos_token_id: int | None, seed: int, desc: str,
+                  peer_drafter=None, draft_tokens: int = 0) -> Tally:
+    tally = Tally()
+    run = dict(sampling=sampling, eos_token_id=eos_token_id)
+    # warm-up: first-call allocations and kernel selection must not land in either timing
+    decode(verifier, prompts[0], min(8, max_new_tokens), **run)
+    decode(verifier, prompts[0], min(8, max_new_tokens), proposer=proposer, **run)
+    for index, prompt in enumerate(progress(prompts, desc=desc, unit="prompt")):
+        def base_run() -> Generation:
+            return decode(verifier, prompt, max_new_tokens, generator=torch.Generator().manual_seed(seed + index), **run)
+
+        def spec_run() -> Generation:
+            return decode(verifier, prompt, max_new_tokens, proposer=proposer,
+                          generator=torch.Generator().manual_seed(seed + 10_000 + index), **run)
+
+        if index % 2:  # alternate the order so drift (thermal, caches) hits both sides equally
+            spec = spec_run()
+            base = base_run()
+        else:
+            base = base_run()
+            spec = spec_run()
+        tally.add(spec, base)
+        if sampling.greedy and spec.new_ids != base.new_ids:
+            tally.mismatches += 1
+        if peer_drafter is not None:
+            peer_ids, peer_s = hf_assisted_generate(verifier, peer_drafter, prompt, max_new_tokens,
+                                                    draft_tokens, eos_token_id)
+            tally.peer_s += peer_s
+            tally.peer_tokens += len(peer_ids)
+    return tally
+
+
+def run(params: Params, args: argparse.Namespace) -> dict:
+    paths = ArtifactPaths.from_params(params)
+    config = params.evaluate
+    from data_prep.corpus import corpus_hash
+    from data_prep.verifier import verifier_identity
+
+    verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier.dtype)
+    prompts = load_test_prompts(paths, config.prompts_per_domain)
+    proposers = load_proposers(paths, config, verifier, tokenizer)  # fails early when one is missing
+    identity = verifier_identity(paths)
+    report: dict = {"verifier": {"id": identity["id"], "hash": identity["hash"]},
+                    "corpus_hash": corpus_hash(paths),
+                    "tau_definition": "tokens committed per verifier forward, bonus/correction token included",
+                    "drafters": {}}
+    tallies: dict[tuple[str, str, str], Tally] = {}
+    torch.manual_seed(config.seed)
+    for kind, (proposer, backend, peer_drafter) in proposers.items():
+        entry = {"backend": backend, "by_temperature": {}, "mismatches": 0}
+        for temperature in config.temperatures:
+            sampling = Sampling(temperature, config.top_k, config.top_p)
+            key = temperature_key(temperature)
+            entry["by_temperature"][key] = {}
+            for domain, domain_prompts in prompts.items():
+                use_peer = config.peer_baseline and sampling.greedy and peer_drafter is not None
+                tally = evaluate_cell(
+                    verifier, proposer, domain_prompts, sampling, max_new_tokens=config.max_new_tokens,
+                    eos_token_id=tokenizer.eos_token_id, seed=config.seed, desc=f"{kind} T={key} {domain}",
+                    peer_drafter=peer_drafter if use_peer else None, draft_tokens=config.ar_draft_tokens)
+                tallies[(kind, key, domain)] = tally
+                entry["by_temperature"][key][domain] = tally.metrics()
+                entry["mismatches"] += tally.mismatches
+        entry["lossless"] = entry["mismatches"] == 0
+        report["drafters"][kind] = entry
+    write_plots(paths.plots, tallies)
+    write_json_atomic(paths.metrics / "eval.json", report)
+    print_table(report)
+    return report
+
+
+def print_table(report: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="evaluate (tau = tokens per verifier forward, bonus included)", title_justify="left")
+    for column in ("kind", "T", "domain", "alpha", "tau", "tok/s", "base", "speedup", "vs HF", "mism"):
+        table.add_column(column)
+    for kind, entry in report["drafters"].items():
+        for key, domains in entry["by_temperature"].items():
+            for domain, m in domains.items():
+                vs_hf = m.get("ours_vs_hf_assisted")
+                table.add_row(kind, key, domain, f"{m['acceptance_rate']:.2f}", f"{m['tau']:.2f}",
+                              f"{m['tokens_per_s']:.0f}", f"{m['baseline_tokens_per_s']:.0f}",
+                              f"{m['speedup']:.2f}x", "-" if vs_hf is None else f"{vs_hf:.2f}x",
+                              str(entry["mismatches"]) if key == "0.0" else "-")
+    console.print(table)
+    info("metrics/eval.json and plots/eval_* written")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = stage_parser("draftline evaluate", __doc__.splitlines()[0])
+    return run_stage(parser, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

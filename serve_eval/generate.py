@@ -1,0 +1,71 @@
+"""`draftline generate`: one speculative generation with the accepted draft tokens highlighted."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import torch
+from rich.text import Text
+
+from pipeline.cli import run_stage, stage_parser
+from pipeline.config import Params
+from pipeline.paths import ArtifactPaths
+from pipeline.progress import console, print_summary
+from serve_eval.decoding import decode
+from serve_eval.loading import load_proposers, load_verifier_for_decoding
+from serve_eval.verification import Sampling
+
+
+def render(tokenizer, generation) -> Text:
+    """Accepted draft tokens in green, verifier-chosen (correction/bonus) tokens plain."""
+    text = Text(tokenizer.decode(generation.prompt_ids), style="dim")
+    position = 0
+    for step in generation.steps:
+        ids = generation.new_ids[position: position + step.committed]
+        drafted = min(step.accepted, len(ids))
+        text.append(tokenizer.decode(ids[:drafted]), style="bold green")
+        text.append(tokenizer.decode(ids[drafted:]), style="")
+        position += step.committed
+    return text
+
+
+def run(params: Params, args: argparse.Namespace) -> None:
+    paths = ArtifactPaths.from_params(params)
+    config = params.evaluate.model_copy(update={"drafters": [args.drafter], "backend": "torch"})
+    verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier.dtype)
+    proposer, _, _ = load_proposers(paths, config, verifier, tokenizer)[args.drafter]
+    prompt_ids = tokenizer(args.prompt)["input_ids"]
+    if not prompt_ids:
+        prompt_ids = [tokenizer.eos_token_id]
+    generation = decode(verifier, prompt_ids, args.max_new_tokens, proposer=proposer,
+                        sampling=Sampling(args.temperature, params.evaluate.top_k, params.evaluate.top_p),
+                        eos_token_id=tokenizer.eos_token_id, generator=torch.Generator().manual_seed(args.seed))
+    console.print(render(tokenizer, generation))
+    console.print("[bold green]green[/] = accepted draft tokens; plain = verifier's correction/bonus token")
+    for index, step in enumerate(generation.steps):
+        console.print(f"step {index:3d}: drafted {step.drafted} accepted {step.accepted} committed {step.committed}"
+                      f"  draft {step.draft_s * 1e3:.1f} ms  verify {step.verify_s * 1e3:.1f} ms", highlight=False)
+    print_summary(f"generate ({args.drafter} drafter)", {
+        "new tokens": len(generation.new_ids),
+        "verifier forwards": generation.verifier_forwards,
+        "tau (tokens per verifier forward, bonus included)": generation.tau,
+        "acceptance rate": generation.accepted / max(1, generation.drafted),
+        "tokens/s": len(generation.new_ids) / max(generation.wall_s, 1e-9),
+        "finish": generation.finish_reason,
+    })
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = stage_parser("draftline generate", __doc__.splitlines()[0])
+    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--drafter", choices=["ar", "block"], default="ar")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    return run_stage(parser, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

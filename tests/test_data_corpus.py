@@ -1,0 +1,159 @@
+"""build_corpus: the contract DatasetDict, kill-and-resume equality, clear errors, loaders."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from data_prep import build_corpus
+from data_prep.build_corpus import fingerprint, read_shard
+from data_prep.corpus import COLUMNS, corpus_hash, load_corpus
+from data_prep.verifier import write_record
+from pipeline.config import CorpusConfig, load_params
+from pipeline.errors import DraftlineError
+from pipeline.lineage import hash_dir
+from pipeline.paths import ArtifactPaths
+from tests.tiny_models import save_tiny_verifier
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_project(root: Path, *, prompts: int = 24, shard_size: int = 2, with_verifier: bool = True) -> Path:
+    """A params file with a file prompt source and (optionally) a tiny verifier under root/artifacts."""
+    records = [{"q": {"turns": [f"def function_{i}(x):\n    return x * {i} +", "second turn"]},
+                "kind": "code" if i % 2 else "text"} for i in range(prompts)]
+    records.append(dict(records[0]))  # a duplicate prompt must be dropped
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if with_verifier:
+        verifier_dir = root / "artifacts" / "verifier"
+        save_tiny_verifier(verifier_dir, num_layers=2)
+        write_record(verifier_dir, source="bootstrap", name_or_path=str(verifier_dir), id_prefix="tiny")
+    params = {
+        "project": {"artifacts_dir": str(root / "artifacts")},
+        "corpus": {
+            "sources": [{"kind": "file", "path": str(root / "prompts.jsonl"), "prompt_field": "q.turns.0",
+                         "domain_field": "kind"}],
+            "max_prompts_per_domain": {"code": prompts, "text": prompts},
+            "max_new_tokens": 8, "batch_size": 2, "shard_size": shard_size,
+            "split": {"validation": 0.2, "test": 0.2},
+        },
+    }
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def stage(params: Path, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "data_prep.build_corpus", "--params", str(params)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def rows(corpus) -> dict[str, list[dict]]:
+    return {split: corpus[split].to_list() for split in corpus}
+
+
+def assert_one_line_error(process: subprocess.Popen, expected: str) -> None:
+    _, stderr = process.communicate(timeout=120)
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert process.returncode != 0
+    assert "Traceback" not in stderr
+    assert len(lines) == 1 and expected in lines[0], stderr
+
+
+@pytest.mark.slow
+def test_kill_and_resume_gives_the_uninterrupted_corpus(tmp_path, capsys):
+    reference_root, killed_root = tmp_path / "reference", tmp_path / "killed"
+    reference_root.mkdir(), killed_root.mkdir()
+    reference_params, killed_params = make_project(reference_root), make_project(killed_root)
+
+    killed = stage(killed_params)  # a real process, killed with SIGKILL once its first shard is committed
+    shard_root = killed_root / "artifacts" / "corpus_shards"
+    deadline = time.monotonic() + 120
+    while not list(shard_root.glob("*/shard-*.json")) and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait()
+    done_before_restart = len(list(shard_root.glob("*/shard-*.json")))
+    total_shards = 12  # 24 prompts / 2
+    assert killed.returncode == -signal.SIGKILL and 1 <= done_before_restart < total_shards
+    assert not (killed_root / "artifacts" / "corpus").exists()  # nothing partial
+
+    assert build_corpus.main(["--params", str(reference_params)]) == 0
+    capsys.readouterr()
+    assert build_corpus.main(["--params", str(killed_params)]) == 0
+    assert f"{done_before_restart} / {total_shards}" in capsys.readouterr().err  # finished shards were reused
+
+    paths = [ArtifactPaths.from_params(load_params(p)) for p in (reference_params, killed_params)]
+    expected, actual = (load_corpus(p) for p in paths)
+    assert rows(actual) == rows(expected)
+    # byte-identical datasets, not only equal rows (stats.json differs only in the params fingerprint:
+    # the two projects read their prompts from different paths)
+    assert hash_dir(paths[0].corpus, exclude=("stats.json",)) == hash_dir(paths[1].corpus, exclude=("stats.json",))
+
+    # the contract: columns, both domains, no prompt in two splits, stats per domain and split
+    assert all(expected[split].column_names == list(COLUMNS) for split in expected)
+    all_rows = [row for split_rows in rows(expected).values() for row in split_rows]
+    assert len(all_rows) == 24 and {row["domain"] for row in all_rows} == {"code", "text"}
+    prompts_by_split = {split: {row["prompt"] for row in split_rows} for split, split_rows in rows(expected).items()}
+    assert not (prompts_by_split["train"] & prompts_by_split["test"])
+    assert not (prompts_by_split["train"] & prompts_by_split["validation"])
+    assert all(0 < len(row["response_ids"]) <= 8 and row["finish_reason"] in ("eos", "length") for row in all_rows)
+    stats = json.loads((paths[0].corpus / "stats.json").read_text())
+    assert stats["rows"] == 24 and stats["response_tokens"] == sum(len(r["response_ids"]) for r in all_rows)
+    assert sum(stats["by_split"][s]["code"]["rows"] for s in ("train", "validation", "test")) == 12
+
+    # a corrupt shard is a clear error and leaves the existing corpus alone
+    shard = sorted(shard_root.glob("*/shard-*.json"))[0]
+    shard.write_text("{not json")
+    before = corpus_hash(paths[1])
+    capsys.readouterr()
+    assert build_corpus.main(["--params", str(killed_params)]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "is corrupt" in errors[0]
+    assert corpus_hash(paths[1]) == before
+
+
+def test_missing_verifier_is_one_line_and_writes_nothing(tmp_path):
+    params = make_project(tmp_path, with_verifier=False)
+    assert_one_line_error(stage(params), "run `dvc repro bootstrap_verifier`")
+    assert not (tmp_path / "artifacts" / "corpus").exists()
+    assert not (tmp_path / "artifacts" / "corpus_shards").exists()
+
+
+def test_corrupt_or_missing_corpus_is_a_clear_error(tmp_path):
+    paths = ArtifactPaths(root=tmp_path, metrics=tmp_path, plots=tmp_path)
+    with pytest.raises(DraftlineError, match="no corpus.*run `dvc repro build_corpus`"):
+        load_corpus(paths)
+    paths.corpus.mkdir()
+    (paths.corpus / "dataset_dict.json").write_text("{broken")
+    with pytest.raises(DraftlineError, match="corrupt") as error:
+        load_corpus(paths)
+    assert "\n" not in str(error.value)
+
+
+def test_a_shard_from_other_inputs_is_rejected(tmp_path):
+    shard = tmp_path / "shard-00000.json"
+    shard.write_text(json.dumps({"fingerprint": "aaa", "index": 0, "rows": [{"id": "x"}]}))
+    assert read_shard(shard, "aaa", ["x"]) == [{"id": "x"}]
+    with pytest.raises(DraftlineError, match="does not match"):
+        read_shard(shard, "bbb", ["x"])
+    with pytest.raises(DraftlineError, match="does not match"):
+        read_shard(shard, "aaa", ["y"])
+
+
+def test_fingerprint_changes_with_params_and_verifier():
+    base = CorpusConfig()
+    key = fingerprint("hash1", base, [])
+    assert fingerprint("hash1", CorpusConfig(), []) == key
+    assert fingerprint("hash2", base, []) != key
+    assert fingerprint("hash1", CorpusConfig(max_new_tokens=base.max_new_tokens + 1), []) != key
+    assert fingerprint("hash1", CorpusConfig(sampling={"temperature": 0.5}), []) != key

@@ -1,0 +1,114 @@
+"""Prompt sources: real HumanEval/MT-Bench files, the generic field mapping, dedup, limits, split."""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import itertools
+import json
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data_prep.sources import (
+    Prompt, collect_prompts, deduplicate, field_value, load_source, split_of, stdlib_code_prompts,
+    stdlib_text_prompts,
+)
+from pipeline.config import CorpusConfig, PromptSourceConfig, SplitConfig
+from pipeline.errors import DraftlineError
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"{SHARED_DATA} not present")
+
+
+@needs_shared
+def test_humaneval_loads_through_the_field_mapping():
+    prompts = load_source(PromptSourceConfig(kind="file", path=str(SHARED_DATA / "HumanEval.jsonl.gz"), domain="code"))
+    assert len(prompts) == 164
+    assert all(p.domain == "code" and p.source == "HumanEval.jsonl.gz" for p in prompts)
+    assert all("def " in p.prompt for p in prompts)
+
+
+@needs_shared
+def test_mt_bench_first_turn_loads_through_an_indexed_path():
+    path = SHARED_DATA / "mt_bench_question.jsonl"
+    prompts = load_source(PromptSourceConfig(kind="file", path=str(path), prompt_field="turns.0", domain="text"))
+    first_record = json.loads(path.read_text().splitlines()[0])
+    assert len(prompts) == 80
+    assert prompts[0].prompt == first_record["turns"][0]
+    assert all(p.domain == "text" for p in prompts)
+
+
+def test_field_value_follows_nested_and_indexed_paths():
+    record = {"a": {"turns": ["first", "second"]}, "x": 1}
+    assert field_value(record, "a.turns.0") == "first"
+    assert field_value(record, "a.turns.-1") == "second"
+    assert field_value(record, "a.turns.2") is None
+    assert field_value(record, "missing") is None
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl", ".jsonl.gz", ".parquet"])
+def test_every_file_format_maps_prompt_and_domain(tmp_path, suffix):
+    records = [{"text": f"prompt {i}", "kind": "code" if i % 2 else "text"} for i in range(6)]
+    path = tmp_path / f"prompts{suffix}"
+    if suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(records), path)
+    elif suffix == ".json":
+        path.write_text(json.dumps({"data": records}))
+    else:
+        lines = "".join(json.dumps(r) + "\n" for r in records)
+        path.write_bytes(gzip.compress(lines.encode()) if suffix.endswith(".gz") else lines.encode())
+    prompts = load_source(PromptSourceConfig(kind="file", path=str(path), prompt_field="text", domain_field="kind"))
+    assert [(p.prompt, p.domain) for p in prompts] == [(r["text"], r["kind"]) for r in records]
+
+
+def test_wrong_prompt_field_and_domain_values_are_clear_errors(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"question": "hi", "kind": "math"}) + "\n")
+    with pytest.raises(DraftlineError, match="no record has a text field 'prompt'.*question"):
+        load_source(PromptSourceConfig(kind="file", path=str(path), domain="text"))
+    with pytest.raises(DraftlineError, match="'math', expected 'code' or 'text'"):
+        load_source(PromptSourceConfig(kind="file", path=str(path), prompt_field="question", domain_field="kind"))
+    with pytest.raises(DraftlineError, match="not found"):
+        load_source(PromptSourceConfig(kind="file", path=str(tmp_path / "nope.jsonl"), domain="text"))
+
+
+def test_uncached_hf_dataset_is_a_clear_error():
+    with pytest.raises(DraftlineError, match="not in the local cache"):
+        load_source(PromptSourceConfig(kind="hf", name="draftline-test/definitely-not-cached", domain="text"))
+
+
+def test_builtin_sources_yield_signatures_with_docstrings_and_prose():
+    code = list(itertools.islice(stdlib_code_prompts(), 200))
+    text = list(itertools.islice(stdlib_text_prompts(), 50))
+    signatures = [p for p in code if p.lstrip().startswith(("def ", "async def "))]
+    assert signatures
+    for prompt in signatures:  # a signature plus its docstring is itself a complete function
+        function = ast.parse(textwrap.dedent(prompt)).body[0]
+        assert isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(function)
+    assert all(len(p) >= 80 and "\n" not in p for p in text)
+
+
+def test_dedup_limits_and_split_never_leak_a_prompt(tmp_path):
+    records = [{"p": f"prompt number {i % 150}", "d": "code" if i % 3 else "text"} for i in range(300)]
+    path = tmp_path / "dups.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    source = PromptSourceConfig(kind="file", path=str(path), prompt_field="p", domain_field="d")
+    config = CorpusConfig(sources=[source, source], max_prompts_per_domain={"code": 60, "text": 40})
+    prompts = collect_prompts(config)
+    texts = [p.prompt for p in prompts]
+    assert len(texts) == len(set(texts)) == 100
+    assert sum(p.domain == "code" for p in prompts) == 60
+    split = SplitConfig(validation=0.2, test=0.2)
+    by_split = {name: {p.prompt for p in prompts if split_of(p.prompt, split) == name}
+                for name in ("train", "validation", "test")}
+    assert not (by_split["train"] & by_split["validation"]) and not (by_split["train"] & by_split["test"])
+    assert all(len(group) >= 5 for group in by_split.values())
+    # whitespace variants are the same prompt, so they dedup and always share a split
+    assert len(deduplicate([Prompt("a b", "text", "x"), Prompt(" a b\n", "text", "y")])) == 1
+    assert split_of("a b", split) == split_of(" a b\n", split)
+    # the selection is stable: the same config picks the same prompts in the same order
+    assert [p.prompt for p in collect_prompts(config)] == texts

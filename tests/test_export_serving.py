@@ -1,0 +1,163 @@
+"""Serving layouts: validators reject what loaders would choke on; launch snippets carry real numbers;
+manifest file table hashes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from export.manifest import file_table, tokenizer_hash
+from export.serving import LaunchInfo, ar_launch, block_launch, copy_checkpoint, launch_info
+from export.validate import validate_causal_lm, validate_dflash
+from pipeline.errors import DraftlineError
+from pipeline.lineage import hash_file
+from tests.tiny_models import tiny_qwen3, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture
+def ar_dir(tmp_path, tokenizer) -> Path:
+    directory = tmp_path / "ar"
+    tiny_qwen3(len(tokenizer), num_layers=1).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture
+def block_dir(tmp_path, tokenizer) -> Path:
+    from train.block_model import DFlashConfig, DFlashDraftModel
+
+    config = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=8, intermediate_size=64, vocab_size=len(tokenizer), block_size=4,
+                          num_target_layers=4, dflash_config={"mask_token_id": tokenizer.mask_token_id,
+                                                              "target_layer_ids": [0, 2]})
+    directory = tmp_path / "block"
+    DFlashDraftModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _edit_config(directory: Path, edit) -> None:
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+
+
+def _drop_weight(directory: Path, name: str) -> None:
+    weights = load_file(str(directory / "model.safetensors"))
+    del weights[name]
+    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_valid_layouts_pass(ar_dir, block_dir):
+    assert validate_causal_lm(ar_dir)["model_type"] == "qwen3"
+    config = validate_dflash(block_dir)
+    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 4
+
+
+@pytest.mark.parametrize("key", ["num_key_value_heads", "vocab_size", "architectures"])
+def test_ar_missing_config_key_is_named(ar_dir, key):
+    _edit_config(ar_dir, lambda c: c.pop(key))
+    with pytest.raises(DraftlineError, match=f"missing config key '{key}'"):
+        validate_causal_lm(ar_dir)
+
+
+def test_ar_missing_weight_and_tokenizer_are_named(ar_dir):
+    _drop_weight(ar_dir, "model.layers.0.self_attn.k_proj.weight")
+    with pytest.raises(DraftlineError, match="missing weight 'model.layers.0.self_attn.k_proj.weight'"):
+        validate_causal_lm(ar_dir)
+
+
+def test_missing_tokenizer_file_is_named(ar_dir):
+    (ar_dir / "tokenizer.json").unlink()
+    with pytest.raises(DraftlineError, match="missing tokenizer file 'tokenizer.json'"):
+        validate_causal_lm(ar_dir)
+
+
+@pytest.mark.parametrize("key", ["block_size", "num_target_layers", "head_dim"])
+def test_dflash_missing_config_key_is_named(block_dir, key):
+    _edit_config(block_dir, lambda c: c.pop(key))
+    with pytest.raises(DraftlineError, match=f"missing config key '{key}'"):
+        validate_dflash(block_dir)
+
+
+def test_dflash_missing_subkey_weight_and_stray_head(block_dir):
+    _edit_config(block_dir, lambda c: c["dflash_config"].pop("target_layer_ids"))
+    with pytest.raises(DraftlineError, match="dflash_config.target_layer_ids"):
+        validate_dflash(block_dir)
+    _edit_config(block_dir, lambda c: c["dflash_config"].update(target_layer_ids=[0, 9]))
+    with pytest.raises(DraftlineError, match="below num_target_layers"):
+        validate_dflash(block_dir)
+    _edit_config(block_dir, lambda c: c["dflash_config"].update(target_layer_ids=[0, 2]))
+    _drop_weight(block_dir, "fc.weight")
+    with pytest.raises(DraftlineError, match="missing weight 'fc.weight'"):
+        validate_dflash(block_dir)
+
+
+def test_dflash_rejects_embedding_in_checkpoint(block_dir):
+    weights = load_file(str(block_dir / "model.safetensors"))
+    weights["embed_tokens.weight"] = torch.zeros(4, 4)
+    save_file(weights, str(block_dir / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(DraftlineError, match="must not carry 'embed_tokens.weight'"):
+        validate_dflash(block_dir)
+
+
+def test_copy_checkpoint_leaves_training_record_and_needs_a_drafter(ar_dir, tmp_path):
+    (ar_dir / "training.json").write_text("{}")
+    copy_checkpoint(ar_dir, tmp_path / "serving")
+    assert (tmp_path / "serving" / "model.safetensors").is_file()
+    assert not (tmp_path / "serving" / "training.json").exists()
+    with pytest.raises(DraftlineError, match="dvc repro train_nothing"):
+        copy_checkpoint(tmp_path / "nothing", tmp_path / "other")
+
+
+def test_launch_snippets_carry_paths_and_numbers(block_dir):
+    ar = ar_launch(LaunchInfo("/models/verifier", "/exp/ar/serving", 5))
+    spec = json.loads(ar.split("--speculative-config '")[1].split("'")[0])
+    assert spec == {"method": "draft_model", "model": "/exp/ar/serving", "num_speculative_tokens": 5}
+    assert "--speculative-algorithm STANDALONE" in ar and "--speculative-num-draft-tokens 6" in ar
+    assert "decoding_type: DraftTarget" in ar and "max_draft_len: 5" in ar
+
+    config = json.loads((block_dir / "config.json").read_text())
+    info = launch_info("block", config, "/models/verifier", Path("/exp/block/serving"), ar_draft_tokens=5)
+    text = block_launch(info)
+    spec = json.loads(text.split("--speculative-config '")[1].split("'")[0])
+    assert spec == {"method": "dflash", "model": "/exp/block/serving", "num_speculative_tokens": 3}
+    assert "--speculative-algorithm DFLASH" in text and "--speculative-num-draft-tokens 4" in text
+    assert "decoding_type: DFlash" in text and "target_layer_ids: [0, 2]" in text
+    assert f"mask_token_id: {config['dflash_config']['mask_token_id']}" in text
+
+
+def test_manifest_file_table_and_tokenizer_hash(ar_dir):
+    (ar_dir / "sub").mkdir()
+    (ar_dir / "sub" / "x.bin").write_bytes(b"abc")
+    (ar_dir / "manifest.json").write_text("{}")
+    table = file_table(ar_dir)
+    assert "manifest.json" not in table and "sub/x.bin" in table
+    assert table["sub/x.bin"] == {"sha256": hash_file(ar_dir / "sub" / "x.bin"), "bytes": 3}
+    before = tokenizer_hash(ar_dir)
+    (ar_dir / "tokenizer_config.json").write_text("{}")
+    assert tokenizer_hash(ar_dir) != before
+
+
+def test_stage_without_drafters_fails_cleanly(tmp_path, capsys):
+    import yaml
+
+    from export.stage import main
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"project": {"artifacts_dir": str(tmp_path / "artifacts")},
+                                      "export": {"tensorrt": "off"}}))
+    assert main(["--params", str(params)]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "no ar drafter" in error and "dvc repro train_ar" in error
+    assert not (tmp_path / "artifacts" / "export").exists()

@@ -1,0 +1,92 @@
+"""Sampling (T > 0) through the real loops: the output distribution equals the verifier's (chi-square)."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from serve_eval.decoding import ARProposer, BlockProposer, decode
+from serve_eval.drafters import BlockDrafter, TorchARDrafter
+from serve_eval.verification import Sampling, warp_probs
+from tests.test_spec_loops import block_model
+from tests.tiny_models import tiny_qwen3
+
+VOCAB = 5
+PROMPT = [1, 3, 0]
+SAMPLING = Sampling(temperature=1.0)
+
+
+def peaky(model, scale):
+    """Sharpen a random model's next-token distribution so drafter and verifier clearly differ."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    return peaky(tiny_qwen3(VOCAB, hidden_size=16, num_layers=2, seed=3), 4.0)
+
+
+def next_probs(verifier, tokens):
+    with torch.inference_mode():
+        return warp_probs(verifier(input_ids=torch.tensor([tokens])).logits[0, -1], SAMPLING)
+
+
+def exact_joint(verifier, skip: int):
+    """p(x_{skip+1}, x_{skip+2} | prompt) by enumeration, marginalising the first `skip` tokens."""
+    joint = np.zeros((VOCAB, VOCAB))
+    for prefix in itertools.product(range(VOCAB), repeat=skip):
+        weight = 1.0
+        for i, token in enumerate(prefix):
+            weight *= float(next_probs(verifier, PROMPT + list(prefix[:i]))[token])
+        first = next_probs(verifier, PROMPT + list(prefix)).double().numpy()
+        for a in range(VOCAB):
+            second = next_probs(verifier, PROMPT + list(prefix) + [a]).double().numpy()
+            joint[a] += weight * first[a] * second
+    return joint / joint.sum()
+
+
+def sampled_joint(verifier, proposer, skip, trials, seed):
+    generator = torch.Generator().manual_seed(seed)
+    counts = np.zeros((VOCAB, VOCAB))
+    for _ in range(trials):
+        out = decode(verifier, PROMPT, skip + 2, proposer=proposer, sampling=SAMPLING, generator=generator)
+        counts[out.new_ids[skip], out.new_ids[skip + 1]] += 1
+    return counts
+
+
+def assert_matches(counts, joint):
+    expected = joint * counts.sum()
+    keep = expected > 1e-9
+    _, p_value = chisquare(counts[keep], expected[keep] / expected[keep].sum() * counts[keep].sum())
+    assert p_value > 1e-3, f"sampled joint differs from the verifier's (p={p_value:.2g})"
+
+
+@pytest.mark.slow
+def test_ar_loop_samples_the_verifier_joint(verifier):
+    # q = p and one-hot q are covered on synthetic distributions in test_spec_verification.py
+    drafter = peaky(tiny_qwen3(VOCAB, hidden_size=16, num_layers=1, seed=11), 4.0)
+    proposer = ARProposer(TorchARDrafter(drafter), 2)
+    counts = sampled_joint(verifier, proposer, 0, 500, seed=0)
+    assert_matches(counts, exact_joint(verifier, 0))
+
+
+@pytest.mark.slow
+def test_block_loop_with_one_hot_drafts_samples_the_verifier_joint(verifier):
+    proposer = BlockProposer(BlockDrafter(block_model(verifier, 3, seed=5), verifier))
+    # the first token comes from the prefill forward; tokens 2-3 are drafted as one block
+    counts = sampled_joint(verifier, proposer, 1, 400, seed=1)
+    assert_matches(counts, exact_joint(verifier, 1))
+
+
+def test_the_chi_square_check_rejects_a_wrong_distribution(verifier):
+    generator = torch.Generator().manual_seed(2)
+    counts = np.zeros((VOCAB, VOCAB))
+    for _ in range(300):  # sample at T = 2 but compare with the T = 1 joint
+        out = decode(verifier, PROMPT, 2, sampling=Sampling(temperature=2.0), generator=generator)
+        counts[out.new_ids[0], out.new_ids[1]] += 1
+    with pytest.raises(AssertionError):
+        assert_matches(counts, exact_joint(verifier, 0))

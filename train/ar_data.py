@@ -1,0 +1,92 @@
+"""Corpus rows -> (prompt + response) token sequences in length buckets, with a response mask.
+
+Each dataset item is a whole pre-bucketed batch (sequences of similar length, padded on the right to
+the batch max), so little compute is spent on padding, and Lightning's distributed sampler shards
+whole batches across processes. The loss/agreement mask marks *prediction* positions t whose target
+token t+1 is a response token: prompt and padding never count.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Sequence
+
+import torch
+from datasets import Dataset, DatasetDict
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader
+
+from pipeline.errors import DraftlineError
+
+
+def row_sequence(prompt_ids: Sequence[int], response_ids: Sequence[int], max_len: int) -> tuple[list[int], int]:
+    """(tokens, prompt length) truncated to `max_len`: the prompt loses its start first, then the response its end."""
+    keep_prompt = max(1, min(len(prompt_ids), max_len - len(response_ids)))
+    prompt = list(prompt_ids[-keep_prompt:])
+    tokens = (prompt + list(response_ids))[:max_len]
+    return tokens, len(prompt)
+
+
+def collate(rows: list[tuple[list[int], int]], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(tokens) for tokens, _ in rows)
+    batch = len(rows)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, width), dtype=torch.long)
+    response_mask = torch.zeros((batch, width), dtype=torch.bool)
+    for i, (tokens, prompt_len) in enumerate(rows):
+        input_ids[i, : len(tokens)] = torch.tensor(tokens)
+        attention_mask[i, : len(tokens)] = 1
+        # prediction position t predicts token t+1; the first response token is predicted at prompt_len-1
+        response_mask[i, prompt_len - 1 : len(tokens) - 1] = True
+    labels = torch.cat([input_ids[:, 1:], torch.full((batch, 1), pad_id, dtype=torch.long)], dim=1)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "loss_mask": response_mask}
+
+
+def bucketed_batches(lengths: Sequence[int], batch_size: int, seed: int) -> list[list[int]]:
+    """Index batches of similar length: random order within equal lengths, then sorted, then chunked."""
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    order.sort(key=lambda index: lengths[index])
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+class BucketedBatches(torch.utils.data.Dataset):
+    """Item i is the collated batch i (so DataLoader runs with batch_size=None)."""
+
+    def __init__(self, split: Dataset, max_len: int, batch_size: int, pad_id: int, seed: int):
+        self.rows = [
+            row_sequence(prompt, response, max_len)
+            for prompt, response in zip(split["prompt_ids"], split["response_ids"])
+            if len(response) > 0
+        ]
+        self.batches = bucketed_batches([len(tokens) for tokens, _ in self.rows], batch_size, seed)
+        self.pad_id = pad_id
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return collate([self.rows[i] for i in self.batches[index]], self.pad_id)
+
+    def response_tokens(self) -> int:
+        return sum(len(tokens) - prompt_len for tokens, prompt_len in self.rows)
+
+
+class ARDataModule(LightningDataModule):
+    def __init__(
+        self, corpus: DatasetDict, *, pad_id: int, max_len: int, batch_size: int, seed: int = 0,
+        num_workers: int = 0, val_split: str = "validation",
+    ):
+        super().__init__()
+        for split in ("train", val_split):
+            if split not in corpus or len(corpus[split]) == 0:
+                raise DraftlineError(f"corpus split '{split}' is empty; rebuild the corpus with more prompts")
+        self.train_set = BucketedBatches(corpus["train"], max_len, batch_size, pad_id, seed)
+        self.val_set = BucketedBatches(corpus[val_split], max_len, batch_size, pad_id, seed)
+        self.num_workers = num_workers
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=None, shuffle=True, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=None, shuffle=False, num_workers=self.num_workers)

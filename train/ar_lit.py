@@ -1,0 +1,150 @@
+"""LightningModule distilling the AR drafter from the frozen verifier.
+
+Acceptance proxy (teacher-forced): at every response prediction position t, `match[t]` says whether
+the drafter's top-1 equals the verifier's top-1 given the corpus prefix. A k-token draft starting at
+s accepts position i iff match[s..s+i] all hold; since every earlier draft matched the verifier's
+argmax, the prefix the drafter sees equals the verifier's greedy continuation, which *is* the corpus
+response when the corpus was generated greedily (`corpus.sampling.temperature: 0`, the default). So
+on a greedy corpus this equals free-running k-token drafting at every start position; on a sampled
+corpus it is the teacher-forced approximation. All start positions are used (no sampling noise).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from lightning.pytorch import LightningModule
+from transformers import PreTrainedModel
+
+from pipeline.config import LossConfig, TrainerConfig
+from train.frozen import FrozenVerifier
+from train.losses import mixture, needs_teacher
+from train.trainer import AcceptanceTally, adamw_cosine, simulated_acceptance_length
+
+
+def response_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(1, N, V) logits at the N response prediction positions only.
+
+    The vocabulary projection dominates a small drafter's cost, so prompt and padding positions
+    skip it (about 2-3x less work on the demo corpus).
+    """
+    hidden = model.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    return model.get_output_embeddings()(hidden[batch["loss_mask"]]).unsqueeze(0)
+
+
+def batch_signals(
+    drafter: torch.nn.Module, verifier: FrozenVerifier, batch: dict[str, torch.Tensor], loss_cfg: LossConfig,
+    need_teacher: bool = True,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
+    """(loss, loss terms, top-1 match (B, T), False off the response, or None without the teacher)."""
+    mask = batch["loss_mask"]
+    student = response_logits(drafter, batch)
+    teacher = None
+    if need_teacher:
+        with torch.no_grad():
+            teacher = response_logits(verifier.model, batch)
+    labels = batch["labels"][mask].unsqueeze(0)
+    flat_mask = torch.ones_like(labels, dtype=torch.bool)
+    loss, terms = mixture(loss_cfg, student, flat_mask, labels=labels, teacher_logits=teacher)
+    match = None
+    if teacher is not None:
+        match = torch.zeros_like(mask)
+        match[mask] = student[0].argmax(-1) == teacher[0].argmax(-1)
+    return loss, terms, match
+
+
+def agreement_summary(tally: AcceptanceTally, matched: float, counted: float) -> dict:
+    rates = tally.rates()
+    return {
+        "top1_agreement": rates,
+        "simulated_acceptance_length": simulated_acceptance_length(rates),
+        "token_top1_agreement": matched / counted if counted else 0.0,
+    }
+
+
+@torch.no_grad()
+def evaluate_agreement(
+    drafter: PreTrainedModel, verifier: FrozenVerifier, batches: Iterable[dict[str, torch.Tensor]],
+    loss_cfg: LossConfig, draft_tokens: int,
+) -> dict:
+    """Loss and acceptance proxy of `drafter` on held-out batches, outside Lightning (any process)."""
+    was_training = drafter.training
+    drafter.eval()
+    device = next(drafter.parameters()).device
+    verifier.to(device)
+    tally, matched, counted, loss_sum, batches_seen = AcceptanceTally(draft_tokens), 0.0, 0.0, 0.0, 0
+    for batch in batches:
+        batch = {name: tensor.to(device) for name, tensor in batch.items()}
+        loss, _, match = batch_signals(drafter, verifier, batch, loss_cfg)
+        tally.add_windows(match, batch["loss_mask"])
+        matched += (match & batch["loss_mask"]).sum().item()
+        counted += batch["loss_mask"].sum().item()
+        loss_sum += loss.item()
+        batches_seen += 1
+    drafter.train(was_training)
+    return {"loss": loss_sum / max(1, batches_seen), **agreement_summary(tally, matched, counted)}
+
+
+class ARDistillModule(LightningModule):
+    def __init__(
+        self, drafter: PreTrainedModel, verifier: PreTrainedModel, loss_cfg: LossConfig,
+        trainer_cfg: TrainerConfig, draft_tokens: int,
+    ):
+        super().__init__()
+        self.drafter = drafter
+        # A plain attribute, not a submodule: out of the optimizer, checkpoints, DDP and ZeRO-3.
+        self.verifier = FrozenVerifier(verifier)
+        self.loss_cfg = loss_cfg
+        self.trainer_cfg = trainer_cfg
+        self.draft_tokens = draft_tokens
+        self.tokens_seen = 0
+        self.last_validation: dict = {}
+        self._tally = AcceptanceTally(draft_tokens)
+        self._match_counts = torch.zeros(2, dtype=torch.float64)
+
+    def on_fit_start(self) -> None:
+        self.verifier.to(self.device)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_index: int) -> torch.Tensor:
+        loss, terms, _ = batch_signals(self.drafter, self.verifier, batch, self.loss_cfg, need_teacher=needs_teacher(self.loss_cfg))
+        self.tokens_seen += int(batch["loss_mask"].sum().item())
+        self.log("train/loss", loss, prog_bar=True)
+        for name, value in terms.items():
+            self.log(f"train/{name}", value)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self.verifier.to(self.device)
+        self._tally = AcceptanceTally(self.draft_tokens)
+        self._match_counts = torch.zeros(2, dtype=torch.float64)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_index: int) -> None:
+        loss, _, match = batch_signals(self.drafter, self.verifier, batch, self.loss_cfg)
+        self._tally.add_windows(match, batch["loss_mask"])
+        self._match_counts += torch.tensor(
+            [(match & batch["loss_mask"]).sum().item(), batch["loss_mask"].sum().item()], dtype=torch.float64
+        )
+        self.log("val/loss", loss, sync_dist=True, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        self._tally.reduce(self)
+        counts = self._match_counts
+        if self.trainer.world_size > 1:
+            counts = self.all_gather(counts.to(self.device)).reshape(-1, 2).sum(0).cpu()
+        summary = agreement_summary(self._tally, counts[0].item(), counts[1].item())
+        for position, rate in enumerate(summary["top1_agreement"], start=1):
+            self.log(f"val/top1_pos{position}", rate, rank_zero_only=True)
+        self.log("val/acceptance_length", summary["simulated_acceptance_length"], rank_zero_only=True, prog_bar=True)
+        self.log("val/top1_agreement", summary["token_top1_agreement"], rank_zero_only=True)
+        self.last_validation = summary
+
+    def configure_optimizers(self) -> dict:
+        return adamw_cosine(self.drafter.parameters(), self.trainer_cfg)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["draftline_tokens_seen"] = self.tokens_seen
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.tokens_seen = int(checkpoint.get("draftline_tokens_seen", 0))

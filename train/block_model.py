@@ -1,0 +1,406 @@
+"""The DFlash-style block-diffusion drafter (DESIGN section 6; arXiv 2602.06036, z-lab/dflash).
+
+A block `[anchor, MASK × (B−1)]` is embedded with the verifier's frozen embeddings and run through a
+few Qwen3-style layers whose keys/values are `[proj(context features); proj(block)]`: the context
+features are the fused hidden states of selected verifier layers at the committed positions before
+the anchor, queries come only from the block, attention inside the block is bidirectional, RoPE uses
+absolute positions. Position k of the block predicts the token at anchor + k (no shift), read through
+`norm` and the verifier's frozen LM head.
+
+Weight names follow z-lab/dflash (`layers.*`, `fc`, `hidden_norm`, `norm`; no embedding or LM head),
+which is what vLLM `method: dflash`, SGLang `DFLASH` and TensorRT-LLM `DFlashDecodingConfig` load.
+As upstream, the context features enter each layer's k/v projections directly (they are already
+normalised by `hidden_norm`); only the block goes through `input_layernorm`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
+from transformers import initialization as init
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
+
+MASK_MODES = ("token", "learned")
+
+
+def build_target_layer_ids(num_verifier_layers: int, count: int) -> list[int]:
+    """`count` verifier layers spread uniformly from the 2nd to the 3rd-from-last (0-based layer ids).
+
+    The rule of z-lab/dflash (a single layer: the middle one), with duplicates dropped so a shallow
+    verifier gets fewer, distinct layers. Layer id i is `hidden_states[i + 1]` (index 0 is the embeddings).
+    """
+    if num_verifier_layers < 1 or count < 1:
+        raise ValueError(f"need >= 1 verifier layer and >= 1 selected layer, got {num_verifier_layers}, {count}")
+    start, end = 1, num_verifier_layers - 3
+    if count == 1 or end <= start:
+        return [num_verifier_layers // 2]
+    span = end - start
+    ids = [int(round(start + i * span / (count - 1))) for i in range(count)]
+    return sorted(set(ids))
+
+
+class DFlashConfig(PretrainedConfig):
+    model_type = "dflash"
+
+    def __init__(
+        self,
+        hidden_size: int = 128,
+        num_hidden_layers: int = 1,
+        num_attention_heads: int = 4,
+        num_key_value_heads: int = 2,
+        head_dim: int = 32,
+        intermediate_size: int = 384,
+        hidden_act: str = "silu",
+        rms_norm_eps: float = 1e-6,
+        rope_theta: float = 1_000_000.0,
+        max_position_embeddings: int = 4096,
+        vocab_size: int = 4096,
+        block_size: int = 8,
+        num_target_layers: int = 4,
+        dflash_config: dict | None = None,
+        mask_mode: str = "token",
+        initializer_range: float = 0.02,
+        attention_bias: bool = False,
+        **kwargs,
+    ):
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        # transformers 5 / TensorRT-LLM read RoPE from here; rope_theta stays for older readers.
+        self.rope_parameters = {"rope_type": "default", "rope_theta": rope_theta}
+        self.max_position_embeddings = max_position_embeddings
+        self.vocab_size = vocab_size
+        self.block_size = block_size
+        # Depth of the *verifier* (what serving stacks read), not the number of selected layers.
+        self.num_target_layers = num_target_layers
+        dflash_config = dict(dflash_config or {})
+        dflash_config.setdefault("target_layer_ids", build_target_layer_ids(num_target_layers, 1))
+        dflash_config.setdefault("mask_token_id", None)
+        dflash_config["block_size"] = block_size
+        self.dflash_config = dflash_config
+        if mask_mode not in MASK_MODES:
+            raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mask_mode!r}")
+        if mask_mode == "token" and dflash_config["mask_token_id"] is None:
+            raise ValueError("mask_mode 'token' needs dflash_config.mask_token_id")
+        self.mask_mode = mask_mode
+        self.initializer_range = initializer_range
+        self.attention_bias = attention_bias
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return list(self.dflash_config["target_layer_ids"])
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return self.dflash_config["mask_token_id"]
+
+
+# --------------------------------------------------------------------------- RoPE
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(B, T) absolute positions -> cos, sin of shape (B, 1, T, head_dim) (HF half-split convention)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.to(torch.float32)[..., None] * inv_freq
+    angles = torch.cat([freqs, freqs], dim=-1)[:, None]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.rope_theta = config.rope_theta
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def _heads(self, x: Tensor, heads: int) -> Tensor:
+        return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
+
+    def key_value(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, T, D) at absolute positions (B, T) -> roped, normed keys and values (B, H_kv, T, head_dim)."""
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
+        keys = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
+        return keys, self._heads(self.v_proj(x), self.num_kv_heads)
+
+    def forward(self, x: Tensor, positions: Tensor, context_kv: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
+        """Block queries (B, Q, D) over keys [context; block]; `mask` (B, 1, Q, T_ctx + Q) bool, True = visible."""
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
+        queries = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), cos, sin)
+        block_keys, block_values = self.key_value(x, positions)
+        keys = torch.cat([context_kv[0], block_keys], dim=2)
+        values = torch.cat([context_kv[1], block_values], dim=2)
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+
+
+class DFlashDecoderLayer(nn.Module):
+    """Qwen3 decoder layer (pre-norm, q/k norm, SwiGLU) with the context injected as extra keys/values."""
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.self_attn = DFlashAttention(config)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, x: Tensor, positions: Tensor, context_kv: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, context_kv, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# --------------------------------------------------------------------------- context cache
+
+
+@dataclass
+class DFlashContextCache:
+    """Per-layer projected context keys/values (B, H_kv, T, head_dim) and their absolute positions (B, T)."""
+
+    keys: list[Tensor] = field(default_factory=list)
+    values: list[Tensor] = field(default_factory=list)
+    positions: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.positions is None else self.positions.shape[1]
+
+
+# --------------------------------------------------------------------------- model
+
+
+class DFlashDraftModel(PreTrainedModel):
+    config_class = DFlashConfig
+    config: DFlashConfig
+    base_model_prefix = "dflash"
+    _no_split_modules = ["DFlashDecoderLayer"]
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__(config)
+        n_selected = len(config.target_layer_ids)
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.fc = nn.Linear(n_selected * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if config.mask_mode == "learned":
+            self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size))
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if module is self and getattr(self, "mask_embedding", None) is not None:
+            init.normal_(self.mask_embedding, mean=0.0, std=self.config.initializer_range)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    # ----------------------------------------------------------------- context
+
+    def fuse_target_hidden(self, hidden_states: Sequence[Tensor]) -> Tensor:
+        """Verifier `output_hidden_states` tuple (embeddings first) -> (B, T, D) fused context features."""
+        selected = [hidden_states[layer_id + 1] for layer_id in self.config.target_layer_ids]
+        return self.hidden_norm(self.fc(torch.cat(selected, dim=-1).to(self.fc.weight.dtype)))
+
+    def context_key_values(self, features: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
+        return [layer.self_attn.key_value(features, positions) for layer in self.layers]
+
+    def new_context_cache(self) -> DFlashContextCache:
+        return DFlashContextCache()
+
+    def extend_context(self, cache: DFlashContextCache, features: Tensor, positions: Tensor) -> None:
+        """Append fused features (B, T, D) at absolute positions (B, T) to the cache."""
+        new = self.context_key_values(features, positions)
+        if cache.positions is None:
+            cache.keys = [k for k, _ in new]
+            cache.values = [v for _, v in new]
+            cache.positions = positions.clone()
+            return
+        cache.keys = [torch.cat([old, k], dim=2) for old, (k, _) in zip(cache.keys, new)]
+        cache.values = [torch.cat([old, v], dim=2) for old, (_, v) in zip(cache.values, new)]
+        cache.positions = torch.cat([cache.positions, positions], dim=1)
+
+    def crop_context(self, cache: DFlashContextCache, length: int) -> None:
+        """Keep the first `length` cached context positions (after a rejected draft)."""
+        if cache.positions is None or length >= cache.length:
+            return
+        cache.keys = [k[:, :, :length] for k in cache.keys]
+        cache.values = [v[:, :, :length] for v in cache.values]
+        cache.positions = cache.positions[:, :length]
+
+    # ----------------------------------------------------------------- blocks
+
+    def embed_block(self, block_ids: Tensor, masked: Tensor, embed_tokens: nn.Module) -> Tensor:
+        """Token embeddings of `block_ids`, with the mask embedding wherever `masked` is set."""
+        if self.config.mask_mode == "token":
+            ids = torch.where(masked, torch.full_like(block_ids, self.config.mask_token_id), block_ids)
+            return embed_tokens(ids).to(self.fc.weight.dtype)
+        embeds = embed_tokens(torch.where(masked, torch.zeros_like(block_ids), block_ids)).to(self.fc.weight.dtype)
+        return torch.where(masked[..., None], self.mask_embedding.to(embeds.dtype), embeds)
+
+    def run_layers(
+        self, block_embeds: Tensor, positions: Tensor, context_kv: list[tuple[Tensor, Tensor]], mask: Tensor | None
+    ) -> Tensor:
+        hidden = block_embeds
+        for layer, kv in zip(self.layers, context_kv):
+            hidden = layer(hidden, positions, kv, mask)
+        return self.norm(hidden)
+
+    def forward(
+        self,
+        context_features: Tensor,
+        context_valid: Tensor,
+        block_ids: Tensor,
+        anchor_positions: Tensor,
+        embed_tokens: nn.Module,
+        lm_head: nn.Module,
+    ) -> Tensor:
+        """Training-time forward of all blocks of each sequence in one pass.
+
+        context_features (B, T, D) at positions 0..T−1 with `context_valid` (B, T); block_ids (B, N, L)
+        (the anchor at index 0, the rest is masked); anchor_positions (B, N). Block j sees the context
+        at positions < anchor_positions[j] and all of its own block, nothing of other blocks.
+        Returns logits (B, N, L−1, V) for block positions 1..L−1.
+        """
+        batch, n_blocks, size = block_ids.shape
+        total = context_features.shape[1]
+        offsets = torch.arange(size, device=block_ids.device)
+        context_positions = torch.arange(total, device=block_ids.device).expand(batch, total)
+        block_positions = (anchor_positions[..., None] + offsets).reshape(batch, n_blocks * size)
+        masked = (offsets > 0).expand_as(block_ids)
+        embeds = self.embed_block(block_ids, masked, embed_tokens).reshape(batch, n_blocks * size, -1)
+        mask = training_attention_mask(anchor_positions, context_valid, size)
+        context_kv = self.context_key_values(context_features, context_positions)
+        hidden = self.run_layers(embeds, block_positions, context_kv, mask)
+        hidden = hidden.view(batch, n_blocks, size, -1)[:, :, 1:]
+        return lm_head(hidden.reshape(-1, hidden.shape[-1])).view(batch, n_blocks, size - 1, -1)
+
+    @torch.no_grad()
+    def draft_block(
+        self,
+        cache: DFlashContextCache,
+        anchor_ids: Tensor,
+        anchor_positions: Tensor,
+        embed_tokens: nn.Module,
+        lm_head: nn.Module,
+        denoise_steps: int = 1,
+    ) -> tuple[Tensor, Tensor]:
+        """Draft the B−1 tokens after each anchor: ids (B, block_size−1) and logits (B, block_size−1, V).
+
+        The cached context is gated by position (only positions < the anchor's are visible), so a
+        cache holding more than the committed prefix cannot leak into the draft. `denoise_steps` > 1
+        commits the most confident masked positions each step and re-runs with them unmasked.
+        """
+        if cache.positions is None:
+            raise ValueError("draft_block needs a context: call extend_context first")
+        if denoise_steps < 1:
+            raise ValueError(f"denoise_steps must be >= 1, got {denoise_steps}")
+        batch, size = anchor_ids.shape[0], self.block_size
+        offsets = torch.arange(size, device=anchor_ids.device)
+        positions = anchor_positions[:, None] + offsets
+        visible_context = cache.positions < anchor_positions[:, None]
+        mask = torch.cat([visible_context, torch.ones(batch, size, dtype=torch.bool, device=anchor_ids.device)], 1)
+        mask = mask[:, None, None, :].expand(batch, 1, size, mask.shape[1])
+        context_kv = list(zip(cache.keys, cache.values))
+
+        block_ids = anchor_ids[:, None].repeat(1, size)
+        masked = (offsets > 0).expand(batch, size).clone()
+        final_logits: Tensor | None = None
+        for step in range(min(denoise_steps, size - 1)):
+            embeds = self.embed_block(block_ids, masked, embed_tokens)
+            logits = lm_head(self.run_layers(embeds, positions, context_kv, mask))[:, 1:]
+            if final_logits is None:
+                final_logits = logits.clone()
+            still_masked = masked[:, 1:]
+            final_logits[still_masked] = logits[still_masked]
+            remaining = int(still_masked[0].sum())
+            commit = math.ceil(remaining / (min(denoise_steps, size - 1) - step))
+            confidence = logits.float().softmax(-1).amax(-1).masked_fill(~still_masked, -1.0)
+            chosen = confidence.topk(commit, dim=-1).indices
+            block_ids[:, 1:].scatter_(1, chosen, logits.argmax(-1).gather(1, chosen))
+            masked[:, 1:].scatter_(1, chosen, False)
+        return final_logits.argmax(-1), final_logits
+
+
+def training_attention_mask(anchor_positions: Tensor, context_valid: Tensor, block_size: int) -> Tensor:
+    """(B, 1, N·L, T + N·L) bool: block j sees valid context at positions < its anchor, and only itself.
+
+    Gated by absolute anchor position (not block index), so overlapping or unsorted anchors stay exact.
+    """
+    batch, n_blocks = anchor_positions.shape
+    total = context_valid.shape[1]
+    context_positions = torch.arange(total, device=anchor_positions.device)
+    to_context = (context_positions[None, None, :] < anchor_positions[..., None]) & context_valid[:, None, :].bool()
+    to_context = to_context.repeat_interleave(block_size, dim=1)  # (B, N·L, T)
+    block_of = torch.arange(n_blocks, device=anchor_positions.device).repeat_interleave(block_size)
+    to_blocks = (block_of[:, None] == block_of[None, :]).expand(batch, -1, -1)
+    return torch.cat([to_context, to_blocks], dim=2)[:, None]
+
+
+def verifier_parts(verifier: nn.Module) -> tuple[nn.Module, nn.Module, int, int]:
+    """(embed_tokens, lm_head, number of decoder layers, hidden size) of any HF decoder LM."""
+    text_config = verifier.config.get_text_config()
+    return (
+        verifier.get_input_embeddings(),
+        verifier.get_output_embeddings(),
+        int(text_config.num_hidden_layers),
+        int(text_config.hidden_size),
+    )
+
+
+AutoConfig.register(DFlashConfig.model_type, DFlashConfig, exist_ok=True)
+AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)
+
+
+def default_gamma(block_size: int) -> float:
+    """Decay of the position weights: 4 at B=8, 5 at B=10, 7 at B=16 (DFlash), piecewise linear beyond."""
+    if block_size <= 10:
+        return max(1.0, 4.0 + 0.5 * (block_size - 8))
+    return 5.0 + (block_size - 10) / 3.0
+
+
+def position_weights(block_size: int, gamma: float | None = None) -> Tensor:
+    """w_k = exp(−(k−1)/γ) for block positions k = 1..B−1, normalised to sum 1."""
+    gamma = default_gamma(block_size) if gamma is None else gamma
+    k = torch.arange(1, block_size, dtype=torch.float32)
+    weights = torch.exp(-(k - 1) / gamma)
+    return weights / weights.sum()
+
+
+def block_loss(logits: Tensor, labels: Tensor, label_valid: Tensor, weights: Tensor) -> Tensor:
+    """Position-weighted CE: Σ w_k·CE over valid (block, k) / Σ w_k over the same; logits (..., L−1, V)."""
+    safe = torch.where(label_valid, labels, torch.zeros_like(labels))
+    nll = F.cross_entropy(logits.float().flatten(0, -2), safe.flatten(), reduction="none").view_as(labels)
+    weight = weights.to(nll.device) * label_valid
+    return (nll * weight).sum() / weight.sum().clamp(min=1e-12)

@@ -1,0 +1,269 @@
+"""Shared training machinery for both drafters: Trainer construction, checkpoints and resume, MLflow,
+optimizer + schedule, the atomic HF save with `training.json`, and the acceptance proxy.
+
+Everything here is drafter-agnostic; `ar_*` and `block_*` modules plug their LightningModule and
+DataModule into it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import MLFlowLogger
+from torch import nn
+
+from pipeline.atomic import atomic_dir, write_json_atomic
+from pipeline.config import Params, TrainerConfig
+from pipeline.lineage import read_json
+from pipeline.paths import DrafterKind
+from pipeline.tracking import tracking_uri
+from train.strategies import make_strategy, uses_gpu
+
+TRAINING_INFO = "training.json"
+LAST_CHECKPOINT = "last.ckpt"
+FINGERPRINT_FILE = "fingerprint.json"
+
+
+# --------------------------------------------------------------------------- ranks
+
+
+def global_rank() -> int:
+    """This process's rank from the launcher's variables (torchrun, SLURM, deepspeed, Lightning's spawner)."""
+    for name in ("RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    # Lightning's subprocess launcher sets only LOCAL_RANK/NODE_RANK for the processes it starts.
+    return int(os.environ.get("LOCAL_RANK", 0)) + int(os.environ.get("NODE_RANK", 0))
+
+
+def is_rank_zero() -> bool:
+    return global_rank() == 0
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+def build_trainer(
+    cfg: TrainerConfig,
+    *,
+    checkpoint_dir: Path,
+    logger: MLFlowLogger | bool = False,
+    callbacks: Sequence[Callback] = (),
+    enable_progress_bar: bool = True,
+    limit_val_batches: int | float = 1.0,
+) -> Trainer:
+    """A Trainer from params; checkpoints every `checkpoint_every_n_steps` into `checkpoint_dir` (+ `last.ckpt`)."""
+    checkpointing = ModelCheckpoint(
+        dirpath=checkpoint_dir,
+        filename="step{step:06d}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=cfg.checkpoint_every_n_steps,
+        save_top_k=1,  # monitor=None: keep only the newest, plus last.ckpt
+        save_last=True,
+        enable_version_counter=False,
+    )
+    accelerator = "gpu" if uses_gpu(cfg) else "cpu"
+    return Trainer(
+        accelerator=accelerator,
+        devices=cfg.devices,
+        num_nodes=cfg.num_nodes,
+        strategy=make_strategy(cfg),
+        precision=resolve_precision(cfg),
+        max_steps=cfg.max_steps,
+        accumulate_grad_batches=cfg.accumulate_grad_batches,
+        # DeepSpeed clips inside its engine; Lightning forwards this value to it.
+        gradient_clip_val=cfg.grad_clip,
+        gradient_clip_algorithm="norm",
+        val_check_interval=cfg.val_every_n_steps * cfg.accumulate_grad_batches,
+        check_val_every_n_epoch=None,
+        limit_val_batches=limit_val_batches,
+        num_sanity_val_steps=0,
+        log_every_n_steps=max(1, min(10, cfg.val_every_n_steps)),
+        logger=logger,
+        callbacks=[checkpointing, *callbacks],
+        enable_progress_bar=enable_progress_bar and is_rank_zero(),
+        enable_model_summary=False,
+        default_root_dir=str(checkpoint_dir),
+        use_distributed_sampler=True,
+    )
+
+
+def resolve_precision(cfg: TrainerConfig) -> str:
+    """bf16 autocast where the hardware has it; fall back to fp32 (with no silent fp16 on CPU)."""
+    if cfg.precision.startswith("bf16") and uses_gpu(cfg) and not torch.cuda.is_bf16_supported():
+        return "32-true"
+    if cfg.precision == "16-mixed" and not uses_gpu(cfg):
+        return "32-true"
+    return cfg.precision
+
+
+def resume_checkpoint(checkpoint_dir: Path, fingerprint: dict) -> str | None:
+    """The checkpoint to resume from, or None to start fresh.
+
+    Checkpoints from a run with a different fingerprint (model shape, loss, data) are discarded
+    rather than loaded into an incompatible model. Only rank 0 deletes; others only read.
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    record = checkpoint_dir / FINGERPRINT_FILE
+    last = checkpoint_dir / LAST_CHECKPOINT
+    matches = record.is_file() and read_json(record) == fingerprint
+    if matches and last.exists():
+        return str(last)
+    if is_rank_zero():
+        if checkpoint_dir.exists() and not matches:
+            shutil.rmtree(checkpoint_dir)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(record, fingerprint)
+    return None
+
+
+# --------------------------------------------------------------------------- optimizer
+
+
+def cosine_with_warmup(step: int, warmup_steps: int, total_steps: int, floor: float = 0.1) -> float:
+    """LR multiplier: linear warmup to 1, then cosine decay to `floor`."""
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def adamw_cosine(parameters: Iterable[nn.Parameter], cfg: TrainerConfig) -> dict:
+    """`configure_optimizers` return value: AdamW (no decay on norms/biases) + per-step cosine warmup."""
+    decay, no_decay = [], []
+    for parameter in parameters:
+        if parameter.requires_grad:
+            (decay if parameter.ndim >= 2 else no_decay).append(parameter)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.learning_rate,
+        betas=(0.9, 0.95),
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: cosine_with_warmup(step, cfg.warmup_steps, cfg.max_steps)
+    )
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+# --------------------------------------------------------------------------- MLflow
+
+
+def make_mlflow_logger(params: Params, kind: DrafterKind, run_name: str | None = None) -> MLFlowLogger:
+    return MLFlowLogger(
+        experiment_name=params.promote.experiment,
+        run_name=run_name or f"train_{kind}",
+        tracking_uri=tracking_uri(params),
+        tags={"draftline.kind": kind, "draftline.stage": "train"},
+        log_model=False,
+    )
+
+
+def flatten(prefix: str, obj: object) -> dict[str, object]:
+    """Nested params -> {"a.b.c": value} for MLflow's flat parameter namespace."""
+    if isinstance(obj, dict):
+        out: dict[str, object] = {}
+        for key, value in obj.items():
+            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), value))
+        return out
+    return {prefix: obj}
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def full_state_dict(module: nn.Module, trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The module's full CPU state dict; under ZeRO-3 the partitions are gathered (collective: call on all ranks)."""
+    if is_deepspeed_stage_3(trainer):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            return {name: tensor.detach().cpu().clone() for name, tensor in module.state_dict().items()}
+    return {name: tensor.detach().cpu().clone() for name, tensor in module.state_dict().items()}
+
+
+def is_deepspeed_stage_3(trainer: Trainer) -> bool:
+    return bool(getattr(trainer.strategy, "zero_stage_3", False))
+
+
+def save_drafter_atomic(
+    target: Path,
+    write_model: Callable[[Path], None],
+    training_info: dict,
+    logger: MLFlowLogger | None = None,
+) -> dict:
+    """Write the drafter dir atomically: `write_model(tmp)`, then `training.json`, then log it to MLflow.
+
+    `training_info` gets `mlflow_run_id`; the whole dir is logged as the run's `drafter` artifact before
+    the rename, so a failure anywhere leaves the previous drafter (or nothing) in place.
+    """
+    info = dict(training_info)
+    info["mlflow_run_id"] = logger.run_id if logger is not None else None
+    with atomic_dir(target) as tmp:
+        write_model(tmp)
+        write_json_atomic(tmp / TRAINING_INFO, info)
+        if logger is not None:
+            logger.experiment.log_artifacts(logger.run_id, str(tmp), artifact_path="drafter")
+    return info
+
+
+# --------------------------------------------------------------------------- acceptance proxy
+
+
+class AcceptanceTally:
+    """Per-draft-position hits/trials; rate_i = P(position i accepted | positions < i accepted)."""
+
+    def __init__(self, positions: int):
+        self.hits = torch.zeros(positions, dtype=torch.float64)
+        self.trials = torch.zeros(positions, dtype=torch.float64)
+
+    def add(self, hits: torch.Tensor, trials: torch.Tensor) -> None:
+        self.hits += hits.detach().to("cpu", torch.float64)
+        self.trials += trials.detach().to("cpu", torch.float64)
+
+    def add_windows(self, match: torch.Tensor, valid: torch.Tensor) -> None:
+        """Count every k-token draft window starting at a valid position of `match`/`valid` (B, T).
+
+        `match[b, t]`: the drafter's top-1 at prediction position t equals the verifier's. A window
+        starting at s accepts position i iff match[s..s+i] all hold (positions past `valid` are not tried).
+        """
+        positions = self.hits.numel()
+        match = match & valid
+        alive = valid.clone()
+        for i in range(positions):
+            shifted_match = _shift_left(match, i)
+            tried = alive & _shift_left(valid, i)
+            alive = tried & shifted_match
+            self.trials[i] += tried.sum().item()
+            self.hits[i] += alive.sum().item()
+
+    def rates(self) -> list[float]:
+        return [float(h / t) if t > 0 else 0.0 for h, t in zip(self.hits, self.trials)]
+
+    def reduce(self, module: LightningModule) -> None:
+        """Sum the counts over all processes (for distributed validation)."""
+        if module.trainer is not None and module.trainer.world_size > 1:
+            self.hits = module.all_gather(self.hits.to(module.device)).sum(0).cpu().reshape(-1)
+            self.trials = module.all_gather(self.trials.to(module.device)).sum(0).cpu().reshape(-1)
+
+
+def _shift_left(tensor: torch.Tensor, by: int) -> torch.Tensor:
+    if by == 0:
+        return tensor
+    pad = torch.zeros_like(tensor[:, :by])
+    return torch.cat([tensor[:, by:], pad], dim=1)
+
+
+def simulated_acceptance_length(rates: Sequence[float]) -> float:
+    """Σ_k Π_{i≤k} acc_i: expected accepted draft tokens per step (bonus token not included)."""
+    total, survive = 0.0, 1.0
+    for rate in rates:
+        survive *= rate
+        total += survive
+    return total
