@@ -1,0 +1,134 @@
+"""The training flow both drafter kinds share: load, measure untrained, fit (resuming), gather, save.
+
+Each kind supplies a `DrafterRecipe` (its model, data, Lightning module and agreement evaluation);
+this module owns the rest so the AR and block stages cannot drift apart. Every process of a
+multi-process launch runs it; only rank 0 evaluates and writes outputs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import lightning as L
+import torch
+from datasets import DatasetDict
+from pydantic import BaseModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from data_prep.corpus import corpus_hash, load_corpus
+from data_prep.verifier import load_verifier, verifier_identity
+from pipeline.atomic import write_json_atomic
+from pipeline.config import Params, TrainerConfig
+from pipeline.lineage import git_commit
+from pipeline.paths import ArtifactPaths
+from pipeline.progress import info, print_summary
+from train.frozen import FrozenVerifier
+from train.trainer import (
+    build_trainer,
+    flatten,
+    full_state_dict,
+    is_rank_zero,
+    make_mlflow_logger,
+    resume_checkpoint,
+    save_drafter_atomic,
+)
+
+
+@dataclass
+class DrafterRecipe:
+    kind: str
+    config: BaseModel  # params.train.<kind>
+    trainer_config: TrainerConfig
+    drafter: PreTrainedModel
+    data: L.LightningDataModule  # exposes `val_set` (held-out rows)
+    make_module: Callable[[], L.LightningModule]
+    # agreement with the verifier on held-out rows: {"loss", <agreement_keys>...}
+    evaluate: Callable[[PreTrainedModel, FrozenVerifier], dict]
+    agreement_keys: tuple[str, ...]  # recorded trained and untrained in training.json
+    per_position_key: str  # the per-position list shown in the summary
+    extra_info: dict = field(default_factory=dict)
+
+
+RecipeFactory = Callable[[Params, PreTrainedModel, PreTrainedTokenizerBase, DatasetDict], DrafterRecipe]
+
+
+def _scalars(results: dict, keys: tuple[str, ...]) -> dict:
+    return {key: results[key] for key in keys if isinstance(results[key], (int, float))}
+
+
+def distill(params: Params, make_recipe: RecipeFactory) -> dict | None:
+    """Train and save one drafter; returns training.json's content on rank 0 (None elsewhere)."""
+    started = time.perf_counter()
+    paths = ArtifactPaths.from_params(params)
+    verifier, tokenizer = load_verifier(paths, params.verifier.dtype)
+    corpus = load_corpus(paths)
+    identity, data_hash = verifier_identity(paths), corpus_hash(paths)
+    recipe = make_recipe(params, verifier, tokenizer, corpus)
+    kind, cfg = recipe.kind, recipe.config
+    teacher = FrozenVerifier(verifier)
+    untrained = recipe.evaluate(recipe.drafter, teacher) if is_rank_zero() else None
+
+    fingerprint = {f"train.{kind}": cfg.model_dump(mode="json"), "verifier": identity["hash"],
+                   "corpus": data_hash, "seed": params.project.seed}
+    resume = resume_checkpoint(paths.checkpoints(kind), fingerprint)
+    if resume and is_rank_zero():
+        info(f"resuming from {resume}")
+    logger = make_mlflow_logger(params, kind)
+    module = recipe.make_module()
+    trainer = build_trainer(recipe.trainer_config, checkpoint_dir=paths.checkpoints(kind), logger=logger)
+    trainer.fit(module, datamodule=recipe.data, ckpt_path=resume)
+
+    state = full_state_dict(module.drafter, trainer)  # collective under ZeRO-3: every rank gathers
+    tokens = int(trainer.strategy.reduce(torch.tensor(float(module.tokens_seen)), reduce_op="sum").item())
+    if not is_rank_zero():
+        return None
+
+    # A fresh copy from the gathered weights: under ZeRO the trained module's tensors are partitioned.
+    final = type(recipe.drafter)(recipe.drafter.config)
+    final.load_state_dict(state)
+    final.to(module.device if module.device.type == "cuda" else "cpu").eval()
+    trained = recipe.evaluate(final, teacher)
+    train_loss = trainer.callback_metrics.get("train/loss")
+    training_info = {
+        "kind": kind,
+        "steps": trainer.global_step,
+        "tokens": tokens,
+        "train_loss": float(train_loss) if train_loss is not None else None,
+        "val_loss": trained["loss"],
+        "untrained_val_loss": untrained["loss"],
+        **{key: trained[key] for key in recipe.agreement_keys},
+        **{f"untrained_{key}": untrained[key] for key in recipe.agreement_keys},
+        **recipe.extra_info,
+        "strategy": recipe.trainer_config.strategy,
+        "world_size": trainer.world_size,
+        "lineage": {
+            "verifier_id": identity["id"],
+            "verifier_hash": identity["hash"],
+            "corpus_hash": data_hash,
+            "params_hash": params.section_hash("train"),
+            "git_commit": git_commit(),
+        },
+    }
+    scalars = _scalars(trained, recipe.agreement_keys)
+    untrained_scalars = {f"untrained_{key}": value for key, value in _scalars(untrained, recipe.agreement_keys).items()}
+    logger.log_hyperparams(flatten(f"train.{kind}", cfg.model_dump(mode="json")))
+    logger.log_metrics({f"final/{key}": value for key, value in
+                        {"val_loss": trained["loss"], **scalars, **untrained_scalars}.items()},
+                       step=trainer.global_step)
+
+    def write_model(directory):
+        final.to("cpu").save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    saved = save_drafter_atomic(paths.drafter(kind), write_model, training_info, logger)
+    metrics = {key: saved[key] for key in ("steps", "tokens", "train_loss", "val_loss", "untrained_val_loss")}
+    metrics.update(scalars, **untrained_scalars, wall_time_s=round(time.perf_counter() - started, 1))
+    write_json_atomic(paths.metrics / f"train_{kind}.json", metrics)
+    print_summary(f"train_{kind}", {
+        **metrics, "drafter": str(paths.drafter(kind)),
+        "top1 per position": ", ".join(f"{r:.3f}" for r in saved[recipe.per_position_key]),
+        "untrained top1 per position": ", ".join(f"{r:.3f}" for r in saved[f"untrained_{recipe.per_position_key}"]),
+    })
+    return saved
