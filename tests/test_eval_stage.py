@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 from datasets import Dataset, DatasetDict
 
 from data_prep.verifier import write_record

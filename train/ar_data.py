@@ -72,7 +72,11 @@ class BucketedBatches(torch.utils.data.Dataset):
         return sum(len(tokens) - prompt_len for tokens, prompt_len in self.rows)
 
 
-class ARDataModule(LightningDataModule):
+class CorpusDataModule(LightningDataModule):
+    """Train/validation batches over the corpus; `batches_type` turns a split into pre-built batches."""
+
+    batches_type: type
+
     def __init__(
         self, corpus: DatasetDict, *, pad_id: int, max_len: int, batch_size: int, seed: int = 0,
         num_workers: int = 0, val_split: str = "validation",
@@ -81,8 +85,8 @@ class ARDataModule(LightningDataModule):
         for split in ("train", val_split):
             if split not in corpus or len(corpus[split]) == 0:
                 raise DraftlineError(f"corpus split '{split}' is empty; rebuild the corpus with more prompts")
-        self.train_set = BucketedBatches(corpus["train"], max_len, batch_size, pad_id, seed)
-        self.val_set = BucketedBatches(corpus[val_split], max_len, batch_size, pad_id, seed)
+        self.train_set = self.batches_type(corpus["train"], max_len, batch_size, pad_id, seed)
+        self.val_set = self.batches_type(corpus[val_split], max_len, batch_size, pad_id, seed)
         self.num_workers = num_workers
 
     def train_dataloader(self) -> DataLoader:
@@ -90,3 +94,7 @@ class ARDataModule(LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=None, shuffle=False, num_workers=self.num_workers)
+
+
+class ARDataModule(CorpusDataModule):
+    batches_type = BucketedBatches

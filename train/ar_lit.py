@@ -14,13 +14,12 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
-from lightning.pytorch import LightningModule
 from transformers import PreTrainedModel
 
 from pipeline.config import LossConfig, TrainerConfig
 from train.frozen import FrozenVerifier
 from train.losses import mixture, needs_teacher
-from train.trainer import AcceptanceTally, adamw_cosine, simulated_acceptance_length
+from train.trainer import AcceptanceTally, DrafterModule, simulated_acceptance_length
 
 
 def response_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -86,7 +85,7 @@ def evaluate_agreement(
     return {"loss": loss_sum / max(1, batches_seen), **agreement_summary(tally, matched, counted)}
 
 
-class ARDistillModule(LightningModule):
+class ARDistillModule(DrafterModule):
     def __init__(
         self, drafter: PreTrainedModel, verifier: PreTrainedModel, loss_cfg: LossConfig,
         trainer_cfg: TrainerConfig, draft_tokens: int,
@@ -139,12 +138,3 @@ class ARDistillModule(LightningModule):
         self.log("val/acceptance_length", summary["simulated_acceptance_length"], rank_zero_only=True, prog_bar=True)
         self.log("val/top1_agreement", summary["token_top1_agreement"], rank_zero_only=True)
         self.last_validation = summary
-
-    def configure_optimizers(self) -> dict:
-        return adamw_cosine(self.drafter.parameters(), self.trainer_cfg)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["draftline_tokens_seen"] = self.tokens_seen
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.tokens_seen = int(checkpoint.get("draftline_tokens_seen", 0))

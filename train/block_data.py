@@ -11,13 +11,11 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from datasets import Dataset, DatasetDict
-from lightning.pytorch import LightningDataModule
+from datasets import Dataset
 from torch import Tensor
-from torch.utils.data import DataLoader
 
 from pipeline.errors import DraftlineError
-from train.ar_data import bucketed_batches, row_sequence
+from train.ar_data import CorpusDataModule, bucketed_batches, row_sequence
 
 
 def collate_rows(rows: Sequence[tuple[list[int], int]], pad_id: int) -> dict[str, Tensor]:
@@ -101,21 +99,5 @@ class BlockBatches(torch.utils.data.Dataset):
         return sum(len(tokens) - prompt_len for tokens, prompt_len in self.rows)
 
 
-class BlockDataModule(LightningDataModule):
-    def __init__(
-        self, corpus: DatasetDict, *, pad_id: int, max_len: int, batch_size: int, seed: int = 0,
-        num_workers: int = 0, val_split: str = "validation",
-    ):
-        super().__init__()
-        for split in ("train", val_split):
-            if split not in corpus or len(corpus[split]) == 0:
-                raise DraftlineError(f"corpus split '{split}' is empty; rebuild the corpus with more prompts")
-        self.train_set = BlockBatches(corpus["train"], max_len, batch_size, pad_id, seed)
-        self.val_set = BlockBatches(corpus[val_split], max_len, batch_size, pad_id, seed)
-        self.num_workers = num_workers
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=None, shuffle=True, num_workers=self.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=None, shuffle=False, num_workers=self.num_workers)
+class BlockDataModule(CorpusDataModule):
+    batches_type = BlockBatches

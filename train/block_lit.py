@@ -32,7 +32,7 @@ from train.block_model import (
     verifier_parts,
 )
 from train.frozen import FrozenVerifier
-from train.trainer import AcceptanceTally, adamw_cosine, simulated_acceptance_length
+from train.trainer import AcceptanceTally, DrafterModule, simulated_acceptance_length
 
 
 def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: int | None) -> DFlashConfig:
@@ -173,7 +173,7 @@ def evaluate_blocks(
     return {"loss": loss_sum / max(1, seen), **agreement.summary()}
 
 
-class BlockDistillModule(LightningModule):
+class BlockDistillModule(DrafterModule):
     def __init__(self, drafter: DFlashDraftModel, verifier: nn.Module, cfg: BlockDrafterConfig,
                  trainer_cfg: TrainerConfig, seed: int):
         super().__init__()
@@ -221,12 +221,3 @@ class BlockDistillModule(LightningModule):
             self.log(f"val/top1_pos{position}", rate, rank_zero_only=True)
         self.log("val/acceptance_length", summary["simulated_acceptance_length"], rank_zero_only=True, prog_bar=True)
         self.last_validation = summary
-
-    def configure_optimizers(self) -> dict:
-        return adamw_cosine(self.drafter.parameters(), self.trainer_cfg)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["draftline_tokens_seen"] = self.tokens_seen
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.tokens_seen = int(checkpoint.get("draftline_tokens_seen", 0))

@@ -155,6 +155,26 @@ def adamw_cosine(parameters: Iterable[nn.Parameter], cfg: TrainerConfig) -> dict
 # --------------------------------------------------------------------------- MLflow
 
 
+class DrafterModule(LightningModule):
+    """What every drafter's LightningModule shares: AdamW + cosine, and the token count kept in checkpoints.
+
+    Subclasses set `self.drafter`, `self.trainer_cfg` and count `self.tokens_seen` in training_step.
+    """
+
+    drafter: nn.Module
+    trainer_cfg: TrainerConfig
+    tokens_seen: int = 0
+
+    def configure_optimizers(self) -> dict:
+        return adamw_cosine(self.drafter.parameters(), self.trainer_cfg)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["draftline_tokens_seen"] = self.tokens_seen
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.tokens_seen = int(checkpoint.get("draftline_tokens_seen", 0))
+
+
 def make_mlflow_logger(params: Params, kind: DrafterKind, run_name: str | None = None) -> MLFlowLogger:
     return MLFlowLogger(
         experiment_name=params.promote.experiment,
