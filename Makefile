@@ -24,7 +24,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	test -d .dvc || $(BIN)/dvc init -q
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
-	$(BIN)/dvc metrics show
+	@echo "metrics: metrics/*.json (dvc metrics show), plots: plots/ (dvc plots show), registry: $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -321,7 +321,10 @@ class PromoteConfig(Section):
     require_lossless: bool = True
     max_regression: float = Field(0.05, ge=0, le=1)
     gates: dict[Literal["code", "text"], DomainGate] = Field(
-        default_factory=lambda: {"code": DomainGate(min_tau=1.2), "text": DomainGate(min_tau=1.1)}
+        default_factory=lambda: {
+            "code": DomainGate(min_tau=1.2, min_speedup=1.0),
+            "text": DomainGate(min_tau=1.1, min_speedup=1.0),
+        }
     )
 
 
