@@ -197,7 +197,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
     paths = ArtifactPaths.from_params(params)
     start = time.perf_counter()
     datasets.disable_progress_bars()  # one progress bar (ours) per stage
-    model, tokenizer = load_verifier(paths, params.verifier.dtype)
+    model, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
     identity = verifier_identity(paths)
     items = work_items(config, tokenizer)
     key = fingerprint(identity["hash"], config, items)

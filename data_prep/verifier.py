@@ -87,12 +87,15 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
-def load_verifier(paths: ArtifactPaths, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_verifier(paths: ArtifactPaths, dtype: str = "float32", trust_remote_code: bool = False,
+                  ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """`trust_remote_code` comes from params only: the flag recorded in the artifact is informational,
+    so editing a file under artifacts/ can never switch on running a model's own code."""
     record = read_record(paths)
     location = model_location(paths, record)
     if record["source"] == "bootstrap" and not (paths.verifier / "config.json").is_file():
         raise DraftlineError(f"{paths.verifier} has {RECORD_NAME} but no checkpoint; {_MISSING_HINT}")
-    return load_model_and_tokenizer(location, dtype, bool(record.get("trust_remote_code", False)))
+    return load_model_and_tokenizer(location, dtype, trust_remote_code)
 
 
 def mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int | None:

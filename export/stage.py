@@ -165,7 +165,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
             raise DraftlineError(f"no {kind} drafter at {paths.drafter(kind)}; run `dvc repro train_{kind}` "
                                  f"(or remove '{kind}' from export.kinds)")
     identity = verifier_identity(paths)
-    verifier, verifier_tok = load_verifier(paths)
+    verifier, verifier_tok = load_verifier(paths, trust_remote_code=params.verifier.trust_remote_code)
     texts = _parity_texts(params, paths)
     summary: dict[str, object] = {}
     for kind in params.export.kinds:

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.config import EvaluateConfig
+from pipeline.config import EvaluateConfig, VerifierConfig
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from serve_eval.decoding import ARProposer, BlockProposer, Proposer
@@ -18,10 +18,11 @@ def decoding_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_verifier_for_decoding(paths: ArtifactPaths, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_verifier_for_decoding(paths: ArtifactPaths, config: VerifierConfig,
+                               ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from data_prep.verifier import load_verifier
 
-    verifier, tokenizer = load_verifier(paths, dtype)
+    verifier, tokenizer = load_verifier(paths, config.dtype, config.trust_remote_code)
     return verifier.to(decoding_device()), tokenizer
 
 

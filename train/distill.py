@@ -62,7 +62,7 @@ def distill(params: Params, make_recipe: RecipeFactory) -> dict | None:
     """Train and save one drafter; returns training.json's content on rank 0 (None elsewhere)."""
     started = time.perf_counter()
     paths = ArtifactPaths.from_params(params)
-    verifier, tokenizer = load_verifier(paths, params.verifier.dtype)
+    verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
     corpus = load_corpus(paths)
     identity, data_hash = verifier_identity(paths), corpus_hash(paths)
     recipe = make_recipe(params, verifier, tokenizer, corpus)
