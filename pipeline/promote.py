@@ -31,8 +31,9 @@ from pipeline.progress import console
 from pipeline.registry import (
     CHAMPION, PREVIOUS_CHAMPION, TAG_EVAL_KEY, TAG_GATE, TAG_GATE_DECISION, TAG_GATE_REASONS, TAG_KIND,
     TAG_STAGE, TAG_TRAIN_RUN, Registry, metric_tags, metrics_from_tags, mlflow_errors, registered_model_name,
-    tag_key,
+    registry_lock, tag_key,
 )
+from pipeline.tracking import tracking_uri
 
 DRAFTER_KINDS = ("ar", "block")
 DVC_LOCK = Path("dvc.lock")
@@ -299,8 +300,9 @@ def print_decision(kind: str, record: dict) -> None:
 def run(params: Params, args: argparse.Namespace) -> dict:
     paths = ArtifactPaths.from_params(params)
     evaluation = Evaluation.load(paths.metrics / "eval.json")
-    registry = Registry.from_params(params)
-    with mlflow_errors(registry.uri):
+    uri = tracking_uri(params)
+    with mlflow_errors(uri), registry_lock(uri):
+        registry = Registry(uri)
         records = {kind: promote_drafter(registry, params, paths, evaluation, kind)
                    for kind in sorted(evaluation.drafters)}
     report = {
