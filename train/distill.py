@@ -75,10 +75,16 @@ def distill(params: Params, make_recipe: RecipeFactory) -> dict | None:
     resume = resume_checkpoint(paths.checkpoints(kind), fingerprint)
     if resume and is_rank_zero():
         info(f"resuming from {resume}")
-    logger = make_mlflow_logger(params, kind)
+    logger = make_mlflow_logger(params, kind, paths.checkpoints(kind))
     module = recipe.make_module()
     trainer = build_trainer(recipe.trainer_config, checkpoint_dir=paths.checkpoints(kind), logger=logger)
-    trainer.fit(module, datamodule=recipe.data, ckpt_path=resume)
+    try:
+        trainer.fit(module, datamodule=recipe.data, ckpt_path=resume)
+    except SystemExit:
+        # Lightning turns Ctrl-C into a graceful shutdown and exit(1); every other stage exits 130.
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
 
     state = full_state_dict(module.drafter, trainer)  # collective under ZeRO-3: every rank gathers
     tokens = int(trainer.strategy.reduce(torch.tensor(float(module.tokens_seen)), reduce_op="sum").item())
