@@ -25,6 +25,7 @@ from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params
 from pipeline.errors import DraftlineError
 from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics
+from pipeline.integrity import verify_manifest
 from pipeline.lineage import hash_dir, hash_file, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
@@ -75,6 +76,7 @@ def drafter_checkpoint(paths: ArtifactPaths, kind: str) -> tuple[Path, str]:
     """The serving checkpoint from `export`, else the training output (recorded as `source`)."""
     serving = paths.export(kind) / "serving"
     if (serving / "config.json").is_file():
+        verify_manifest(paths.export(kind))  # never register a checkpoint damaged after export
         return serving, "export"
     trained = paths.drafter(kind)
     if (trained / "config.json").is_file():

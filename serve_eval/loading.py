@@ -9,9 +9,10 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config import EvaluateConfig, VerifierConfig
 from pipeline.errors import DraftlineError
+from pipeline.integrity import check_drafter_matches_verifier
 from pipeline.paths import ArtifactPaths
 from serve_eval.decoding import ARProposer, BlockProposer, Proposer
-from serve_eval.drafters import BlockDrafter, TorchARDrafter, load_ar_model, load_block_model
+from serve_eval.drafters import BlockDrafter, TorchARDrafter, load_ar_model, load_block_model, require_drafter_dir
 
 
 def decoding_device() -> torch.device:
@@ -42,10 +43,14 @@ def load_test_prompts(paths: ArtifactPaths, per_domain: int) -> dict[str, list[l
     return dict(sorted(prompts.items()))
 
 
-def _check_tokenizer(directory: Path, tokenizer: PreTrainedTokenizerBase, kind: str) -> None:
+def check_drafter(directory: Path, verifier: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kind: str) -> None:
+    """Before any weights load: same tokenizer, vocabulary and head widths as the verifier, intact files."""
     from data_prep.verifier import check_same_tokenizer
 
-    check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(directory), f"drafter '{kind}' at {directory}")
+    require_drafter_dir(directory, kind)
+    what, fix = f"drafter '{kind}' at {directory}", f"retrain it (`dvc repro train_{kind}`)"
+    check_drafter_matches_verifier(directory, verifier.config, what, fix)
+    check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(directory), what)
 
 
 def onnx_backend():
@@ -64,15 +69,14 @@ def load_proposers(paths: ArtifactPaths, config: EvaluateConfig, verifier: PreTr
     proposers: dict[str, tuple[Proposer, str, PreTrainedModel | None]] = {}
     for kind in config.drafters:
         directory = paths.drafter(kind)
+        check_drafter(directory, verifier, tokenizer, kind)
         if kind == "ar":
             model = load_ar_model(directory, dtype).to(verifier.device)
-            _check_tokenizer(directory, tokenizer, kind)
             backend = (onnx_backend().load_onnx_ar_drafter(paths.export(kind)) if config.backend == "onnx"
                        else TorchARDrafter(model))
             proposers[kind] = (ARProposer(backend, config.ar_draft_tokens), backend.name, model)
         else:
             model = load_block_model(directory, dtype).to(verifier.device)
-            _check_tokenizer(directory, tokenizer, kind)
             drafter = (onnx_backend().load_onnx_block_drafter(paths.export(kind), config.denoise_steps)
                        if config.backend == "onnx" else BlockDrafter(model, verifier, config.denoise_steps))
             proposers[kind] = (BlockProposer(drafter), config.backend, None)
