@@ -88,19 +88,15 @@ def shard_path(shard_dir: Path, index: int) -> Path:
     return shard_dir / f"shard-{index:05d}.json"
 
 
-def read_shard(path: Path, key: str, expected_ids: list[str]) -> list[dict]:
-    """A committed shard's rows; anything that does not match what this run would write is an error."""
+def read_shard(path: Path, key: str, expected_ids: list[str]) -> list[dict] | None:
+    """A committed shard's rows, or None when it is damaged or does not match what this run would write."""
     try:
         shard = json.loads(path.read_text(encoding="utf-8"))
         rows = shard["rows"]
         valid = shard["fingerprint"] == key and [row["id"] for row in rows] == expected_ids
     except (OSError, ValueError, KeyError, TypeError):
         valid = False
-    if not valid:
-        raise DraftlineError(
-            f"corpus shard {path} is corrupt or does not match this run; delete {path.parent} and rerun build_corpus"
-        )
-    return rows
+    return rows if valid else None
 
 
 def generate_shard(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: CorpusConfig,
@@ -133,11 +129,14 @@ def generate_all(model, tokenizer, config: CorpusConfig, items: list[WorkItem], 
     bar = progress(desc="build corpus", total=len(items), unit="prompt")
     for index, shard in enumerate(shards):
         path = shard_path(shard_dir, index)
-        if path.exists():
-            rows.extend(read_shard(path, key, [item.id for item in shard]))
+        committed = read_shard(path, key, [item.id for item in shard]) if path.exists() else None
+        if committed is not None:
+            rows.extend(committed)
             reused += 1
             bar.update(len(shard))
             continue
+        if path.exists():
+            info(f"corpus shard {path} is damaged or stale; regenerating only that shard")
         shard_rows = generate_shard(model, tokenizer, config, shard, bar)
         write_json_atomic(path, {"fingerprint": key, "index": index, "rows": shard_rows})
         rows.extend(shard_rows)

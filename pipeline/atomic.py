@@ -54,6 +54,11 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces `path`, on error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # A writer killed by SIGKILL leaves its temporary dir; outputs have one writer (DVC locks the
+    # stage), so any such dir is garbage by the time the next write of this output starts.
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     os.chmod(tmp, _umask_mode(0o777))
     try:

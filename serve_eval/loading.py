@@ -27,11 +27,11 @@ def load_verifier_for_decoding(paths: ArtifactPaths, config: VerifierConfig,
     return verifier.to(decoding_device()), tokenizer
 
 
-def load_test_prompts(paths: ArtifactPaths, per_domain: int) -> dict[str, list[list[int]]]:
+def load_test_prompts(paths: ArtifactPaths, per_domain: int, vocab_size: int | None = None) -> dict[str, list[list[int]]]:
     """The first `per_domain` test prompts of each domain, as token ids (domains in sorted order)."""
     from data_prep.corpus import load_corpus
 
-    test = load_corpus(paths)["test"]
+    test = load_corpus(paths, vocab_size)["test"]
     prompts: dict[str, list[list[int]]] = {}
     for domain, prompt_ids in zip(test["domain"], test["prompt_ids"]):
         chosen = prompts.setdefault(domain, [])

@@ -63,7 +63,7 @@ def distill(params: Params, make_recipe: RecipeFactory) -> dict | None:
     started = time.perf_counter()
     paths = ArtifactPaths.from_params(params)
     verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
-    corpus = load_corpus(paths)
+    corpus = load_corpus(paths, verifier.config.vocab_size)
     identity, data_hash = verifier_identity(paths), corpus_hash(paths)
     recipe = make_recipe(params, verifier, tokenizer, corpus)
     kind, cfg = recipe.kind, recipe.config
