@@ -37,25 +37,23 @@ def report_error(error: BaseException) -> int:
     return code
 
 
-def temperature_arg(text: str) -> float:
-    """argparse type: a sampling temperature in [0, 5] (nan/inf/negative are usage errors, not tracebacks)."""
+def _number_arg(text: str, cast: type, valid, requirement: str):
     try:
-        value = float(text)
+        value = cast(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or not 0.0 <= value <= 5.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 5], got {text}")
+    if not valid(value):
+        raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
     return value
+
+
+def temperature_arg(text: str) -> float:
+    """argparse type: a sampling temperature (nan/inf/negative are usage errors, not tracebacks)."""
+    return _number_arg(text, float, lambda value: math.isfinite(value) and 0.0 <= value <= 5.0, "in [0, 5]")
 
 
 def positive_int_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+    return _number_arg(text, int, lambda value: value >= 1, ">= 1")
 
 
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:

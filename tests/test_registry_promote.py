@@ -267,6 +267,25 @@ def test_stale_or_missing_inputs_fail_cleanly(tmp_path_factory, store, tokenizer
         assert not (ws.root / "metrics/promotion.json").exists()
 
 
+def _ready_workspace(root: Path, store: str, verifier_id: str, tokenizer_dir: Path, seed: int = 1,
+                     tau: float = 2.0) -> Workspace:
+    """A workspace with an AR checkpoint, its training record and an evaluation, ready to promote."""
+    ws = Workspace(root, store, verifier_id, tokenizer_dir)
+    ws.write_ar_checkpoint(seed=seed)
+    ws.write_training("ar", None)
+    ws.write_eval({"ar": drafter_eval(tau, tau)})
+    return ws
+
+
+def _failed_promotion(ws: Workspace, capsys) -> str:
+    """Promote in the workspace, expect exit 1, return stderr (only this run's)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ws.root)
+        capsys.readouterr()
+        assert promote.main(["--params", str(ws.params)]) == 1
+    return capsys.readouterr().err.strip()
+
+
 def _promote_in_subprocess(root: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pipeline.promote", "--params", "params.yaml"], cwd=root,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
@@ -277,10 +296,7 @@ def test_concurrent_promotions_register_one_version(tmp_path, tokenizer_dir):
     """Two real processes promote the same evaluation at once: one version, aliases intact."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     (tmp_path / "ws").mkdir()
-    ws = Workspace(tmp_path / "ws", store, "race", tokenizer_dir)
-    ws.write_ar_checkpoint(seed=1)
-    ws.write_training("ar", None)
-    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+    ws = _ready_workspace(tmp_path / "ws", store, "race", tokenizer_dir)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(ws.root)
         ws.promote()  # v1 becomes champion; the race below is about its successor
@@ -303,15 +319,8 @@ def test_concurrent_promotions_register_one_version(tmp_path, tokenizer_dir):
 ])
 def test_empty_or_foreign_store_is_refused_with_one_line(tmp_path, tokenizer_dir, capsys, content, expected):
     (tmp_path / "mlflow.db").write_bytes(content)
-    ws = Workspace(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "corrupt", tokenizer_dir)
-    ws.write_ar_checkpoint(seed=1)
-    ws.write_training("ar", None)
-    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(tmp_path)
-        capsys.readouterr()
-        assert promote.main(["--params", str(ws.params)]) == 1
-    err = capsys.readouterr().err.strip()
+    ws = _ready_workspace(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "corrupt", tokenizer_dir)
+    err = _failed_promotion(ws, capsys)
     assert expected in err and "mlflow.db" in err and "\n" not in err
     assert (tmp_path / "mlflow.db").read_bytes() == content  # never replaced by a new registry
     assert not (tmp_path / "metrics/promotion.json").exists()
@@ -323,15 +332,7 @@ def test_damaged_sqlite_store_is_one_line(tmp_path, tokenizer_dir, capsys):
     data = bytearray(database.read_bytes())
     data[100:] = b"\xff" * (len(data) - 100)  # ...with every page after the header destroyed
     database.write_bytes(bytes(data))
-    ws = Workspace(tmp_path, f"sqlite:///{database}", "damaged", tokenizer_dir)
-    ws.write_ar_checkpoint(seed=1)
-    ws.write_training("ar", None)
-    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(tmp_path)
-        capsys.readouterr()
-        assert promote.main(["--params", str(ws.params)]) == 1
-    err = capsys.readouterr().err.strip()
+    err = _failed_promotion(_ready_workspace(tmp_path, f"sqlite:///{database}", "damaged", tokenizer_dir), capsys)
     assert "mlflow.db" in err and "Traceback" not in err and "\n" not in err
 
 
@@ -339,37 +340,21 @@ def test_dead_tracking_server_fails_fast(tmp_path, tokenizer_dir, capsys):
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    ws = Workspace(tmp_path, f"http://127.0.0.1:{port}", "dead", tokenizer_dir)
-    ws.write_ar_checkpoint(seed=1)
-    ws.write_training("ar", None)
-    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+    ws = _ready_workspace(tmp_path, f"http://127.0.0.1:{port}", "dead", tokenizer_dir)
     started = time.monotonic()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(tmp_path)
-        capsys.readouterr()
-        assert promote.main(["--params", str(ws.params)]) == 1
+    err = _failed_promotion(ws, capsys)
     assert time.monotonic() - started < 30
-    err = capsys.readouterr().err.strip()
     assert f"127.0.0.1:{port} is not reachable" in err and "\n" not in err
 
 
 def test_moved_project_is_refused_instead_of_writing_into_the_old_place(tmp_path, tokenizer_dir, capsys):
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()
-    ws = Workspace(old, f"sqlite:///{old / 'mlflow.db'}", "moved", tokenizer_dir)
-    ws.write_ar_checkpoint(seed=1)
-    ws.write_training("ar", None)
-    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+    ws = _ready_workspace(old, f"sqlite:///{old / 'mlflow.db'}", "moved", tokenizer_dir)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(old)
         ws.promote()
     shutil.copytree(old, new)
-    moved = Workspace(new, f"sqlite:///{new / 'mlflow.db'}", "moved", tokenizer_dir)
-    moved.write_ar_checkpoint(seed=2)
-    moved.write_eval({"ar": drafter_eval(2.5, 2.5)})
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(new)
-        capsys.readouterr()
-        assert promote.main(["--params", str(moved.params)]) == 1
-    err = capsys.readouterr().err.strip()
+    err = _failed_promotion(_ready_workspace(new, f"sqlite:///{new / 'mlflow.db'}", "moved", tokenizer_dir, 2, 2.5),
+                            capsys)
     assert "keeps artifacts in" in err and str(old / "mlruns") in err and "\n" not in err
