@@ -123,22 +123,30 @@ def _tensorrt(kind: str, wrapper, spec, onnx_path: Path, out: Path, params: Para
             "parity_vs_onnxruntime": check.to_json()["outputs"]}, None
 
 
+def export_serving(kind: str, drafter_dir: Path, out: Path, target: Path, verifier: str, ar_draft_tokens: int,
+                   verifier_tok) -> dict:
+    """`serving/` (validated as the serving stacks load it), `launch.md` and `vllm.json` under `out`, which
+    becomes `target`; returns the served config."""
+    serving_dir = out / serving.SERVING_DIR
+    serving.copy_checkpoint(drafter_dir, serving_dir)
+    if kind == "block":
+        serving.write_dflash_serving_config(serving_dir)
+    config = validate_causal_lm(serving_dir) if kind == "ar" else validate_dflash(serving_dir)
+    check_same_tokenizer(verifier_tok, AutoTokenizer.from_pretrained(serving_dir), f"{kind} drafter")
+    launch = serving.launch_info(kind, config, verifier, (target / serving.SERVING_DIR).resolve(), ar_draft_tokens)
+    write_text_atomic(out / serving.LAUNCH_NAME, serving.launch_markdown(kind, launch))
+    write_json_atomic(out / serving.VLLM_NAME, serving.vllm_job(kind, launch))
+    return config
+
+
 def export_kind(kind: str, params: Params, paths: ArtifactPaths, verifier, verifier_tok, identity: dict,
                 texts, trt_skip: str | None) -> dict:
     drafter_dir = paths.drafter(kind)
     target = paths.export(kind)
     with atomic_dir(target) as out:
         serving_dir = out / serving.SERVING_DIR
-        serving.copy_checkpoint(drafter_dir, serving_dir)
-        if kind == "block":
-            serving.write_dflash_serving_config(serving_dir)
-        config = validate_causal_lm(serving_dir) if kind == "ar" else validate_dflash(serving_dir)
-        check_same_tokenizer(verifier_tok, AutoTokenizer.from_pretrained(serving_dir), f"{kind} drafter")
-        launch = serving.launch_info(kind, config, _serving_verifier(paths), (target / serving.SERVING_DIR).resolve(),
-                                     params.evaluate.ar_draft_tokens)
-        write_text_atomic(out / serving.LAUNCH_NAME, serving.launch_markdown(kind, launch))
-        write_json_atomic(out / serving.VLLM_NAME, serving.vllm_job(kind, launch))
-
+        export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), params.evaluate.ar_draft_tokens,
+                       verifier_tok)
         if kind == "ar":
             wrapper, spec, onnx_path, report = _export_ar(serving_dir, out, params, texts)
         else:  # the drafter's own config: the served one names model_type qwen3 for the serving stacks
