@@ -72,9 +72,9 @@ def test_mismatch_no_drafts_and_tau_gap_fail():
 
 
 def test_vllm_errors_fail_or_skip_with_their_first_line():
-    unsupported = {"error": "ValueError: Unsupported CPU attention configuration: head_size=8", "domains": {}}
+    unsupported = {"error": "RuntimeError: Unsupported CPU attention configuration: head_dim=8", "domains": {}}
     entry = serve_check.check_drafter("block", JOB, unsupported, BASELINE, None, max_gap=0.15)
-    assert entry["status"] == "skipped" and "head_size=8" in entry["reason"]
+    assert entry["status"] == "skipped" and "head_dim=8" in entry["reason"]
     broken = {"error": "KeyError: 'fc.weight'", "domains": {}}
     assert serve_check.check_drafter("block", JOB, broken, BASELINE, None, 0.15)["status"] == "failed"
 
