@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,7 +61,6 @@ def _last_line(path: Path) -> str:
 
 def run_engine(python: Path, job: dict, name: str, log_dir: Path, config: ServeCheckConfig) -> dict:
     """One vLLM engine in the serving environment; the runner's result, or {"error": ...}."""
-    log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib), "HF_HUB_OFFLINE": "1",
            # engine core in the runner's own process: its exceptions (not "engine core died") reach the result
@@ -204,6 +204,8 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     jobs = exported_jobs(params, paths)
     prompts = load_test_prompts(paths, config.prompts_per_domain)
     log_dir = paths.root / LOG_DIR
+    shutil.rmtree(log_dir, ignore_errors=True)  # every log there belongs to this run (a DVC output)
+    log_dir.mkdir(parents=True)
     python = serve_python()
     model = next(iter(jobs.values()))["model"]
     report: dict = {"verifier": model, "serve_python": str(python) if python else None,

@@ -139,7 +139,7 @@ def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
     report = json.loads((paths.metrics / "serving.json").read_text())
     assert {e["status"] for e in report["drafters"].values()} == {"skipped"}
     assert "make serve-env" in report["drafters"]["block"]["reason"]
-    assert (paths.plots / "serving_tau.png").is_file()
+    assert (paths.plots / "serving_tau.png").is_file() and (paths.root / "serve_check").is_dir()
     assert (paths.plots / "serving_tau.csv").read_text() == "drafter,domain,draftline_tau,vllm_tau\n"
 
 
