@@ -5,21 +5,24 @@ layout (`method: dflash` / `DFLASH` / `DFlashDecodingConfig`), which speculates 
 tokens per step. Snippets carry the real paths and numbers so they can be pasted as they are; the
 vLLM speculative config is also written as `vllm.json`, which stage `serve_check` runs verbatim.
 
-The DFlash `config.json` is rewritten for the serving stacks, which all parse it with plain
-transformers `AutoConfig` (draftline's own `dflash` model type does not exist there). What each
-loader reads (vLLM 0.32 `model_executor/models/qwen3_dflash.py`, `v1/spec_decode/dflash.py`,
-`config/speculative.py`; SGLang `speculative/dflash_utils.py`; z-lab/dflash `DFlashDraftModel`):
-- `model_type: qwen3`: AutoConfig builds a Qwen3Config (vLLM, SGLang, TensorRT-LLM, z-lab).
-- `architectures: ["DFlashDraftModel"]`: vLLM's registry maps it to DFlashQwen3ForCausalLM.
-- `layer_types` all `full_attention`: vLLM resolves causal/sliding attention per layer from it
-  (a `sliding_attention` entry would make that layer causal); SGLang reads it for sliding windows.
-- `use_sliding_window: false`: Qwen3Config would otherwise fill `layer_types` with sliding layers.
-- `dflash_config.target_layer_ids`: vLLM (+1 into its aux hidden-state ids), SGLang, z-lab.
-- `dflash_config.mask_token_id`: vLLM (`parallel_drafting_token_id`), SGLang, TensorRT-LLM.
-- `block_size`, `num_target_layers`: SGLang and z-lab (vLLM takes the block from
-  `num_speculative_tokens`).
+The DFlash `config.json` is rewritten for the serving stacks, which parse it with plain transformers
+`AutoConfig` (draftline's own `dflash` model type does not exist there). Which loader reads which key,
+from vLLM 0.32's source (`model_executor/models/qwen3_dflash.py`, `v1/spec_decode/dflash.py`,
+`v1/spec_decode/llm_base_proposer.py`, `.../eagle/eagle3_utils.py`), SGLang's
+`speculative/dflash_utils.py` and z-lab/dflash's published configs:
+- `model_type: qwen3`: AutoConfig builds a Qwen3Config (vLLM, SGLang, z-lab configs).
+- `architectures: ["DFlashDraftModel"]`: vLLM's model registry maps it to DFlashQwen3ForCausalLM.
+- `layer_types` all `full_attention`: vLLM resolves per layer causal vs non-causal and sliding
+  windows from it (a `sliding_attention` layer would be causal); SGLang reads it for sliding windows.
+- `use_sliding_window: false`: otherwise Qwen3Config derives `sliding_attention` layer types.
+- `dflash_config.target_layer_ids`: vLLM (+1 into its aux hidden-state layer ids), SGLang.
+- `dflash_config.mask_token_id`: vLLM (the token fed to the masked query slots), SGLang.
+- `block_size` (top level and in `dflash_config`), `num_target_layers`: SGLang, z-lab; vLLM takes
+  the block from `num_speculative_tokens`.
 - `hidden_size`, `head_dim`, heads, `intermediate_size`, `rms_norm_eps`, `rope_parameters` /
-  `rope_theta`, `max_position_embeddings`, `num_hidden_layers`, `vocab_size`: the Qwen3 layer shapes.
+  `rope_theta`, `max_position_embeddings`, `num_hidden_layers`, `vocab_size`: the layer shapes (all).
+TensorRT-LLM takes mask id and layer ids from its `DFlashDecodingConfig` (the spec.yaml in launch.md);
+that snippet is checked against its config class only, not run.
 """
 
 from __future__ import annotations
