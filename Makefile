@@ -39,12 +39,12 @@ $(SERVE_STAMP):
 
 serve-env: $(SERVE_STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) $(SERVE_STAMP)
 	test -d .dvc || $(BIN)/dvc init -q
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 	@echo "metrics: metrics/*.json (dvc metrics show), plots: plots/ (dvc plots show), registry: $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
-test: $(STAMP)
+test: $(STAMP) $(SERVE_STAMP)
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)

@@ -73,10 +73,10 @@ def _export_ar(serving_dir: Path, out: Path, params: Params, texts):
     return wrapper, spec, path, report
 
 
-def _export_block(serving_dir: Path, out: Path, params: Params, texts, verifier: PreTrainedModel):
+def _export_block(drafter_dir: Path, out: Path, params: Params, texts, verifier: PreTrainedModel):
     from train.block_model import DFlashDraftModel  # lazy: only this kind needs the train package
 
-    model = DFlashDraftModel.from_pretrained(serving_dir, dtype=torch.float32).eval().requires_grad_(False)
+    model = DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval().requires_grad_(False)
     embed, lm_head = verifier.get_input_embeddings(), verifier.get_output_embeddings()
     spec = onnx_export.block_io_spec(model, verifier.config.get_text_config().vocab_size)
     wrapper = onnx_export.BlockDraftWrapper(model, embed, lm_head).eval()
@@ -124,6 +124,22 @@ def _tensorrt(kind: str, wrapper, spec, onnx_path: Path, out: Path, params: Para
             "parity_vs_onnxruntime": check.to_json()["outputs"]}, None
 
 
+def export_serving(kind: str, drafter_dir: Path, out: Path, target: Path, verifier: str, ar_draft_tokens: int,
+                   verifier_tok) -> dict:
+    """`serving/` (validated as the serving stacks load it), `launch.md` and `vllm.json` under `out`, which
+    becomes `target`; returns the served config."""
+    serving_dir = out / serving.SERVING_DIR
+    serving.copy_checkpoint(drafter_dir, serving_dir)
+    if kind == "block":
+        serving.write_dflash_serving_config(serving_dir)
+    config = validate_causal_lm(serving_dir) if kind == "ar" else validate_dflash(serving_dir)
+    check_same_tokenizer(verifier_tok, AutoTokenizer.from_pretrained(serving_dir), f"{kind} drafter")
+    launch = serving.launch_info(kind, config, verifier, (target / serving.SERVING_DIR).resolve(), ar_draft_tokens)
+    write_text_atomic(out / serving.LAUNCH_NAME, serving.launch_markdown(kind, launch))
+    write_json_atomic(out / serving.VLLM_NAME, serving.vllm_job(kind, launch))
+    return config
+
+
 def export_kind(kind: str, params: Params, paths: ArtifactPaths, verifier, verifier_tok, identity: dict,
                 texts, trt_skip: str | None) -> dict:
     drafter_dir = paths.drafter(kind)
@@ -132,17 +148,12 @@ def export_kind(kind: str, params: Params, paths: ArtifactPaths, verifier, verif
                                    f"retrain it (`dvc repro train_{kind}`)")
     with atomic_dir(target) as out:
         serving_dir = out / serving.SERVING_DIR
-        serving.copy_checkpoint(drafter_dir, serving_dir)
-        config = validate_causal_lm(serving_dir) if kind == "ar" else validate_dflash(serving_dir)
-        check_same_tokenizer(verifier_tok, AutoTokenizer.from_pretrained(serving_dir), f"{kind} drafter")
-        launch = serving.launch_info(kind, config, _serving_verifier(paths), (target / serving.SERVING_DIR).resolve(),
-                                     params.evaluate.ar_draft_tokens)
-        write_text_atomic(out / serving.LAUNCH_NAME, serving.launch_markdown(kind, launch))
-
+        export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), params.evaluate.ar_draft_tokens,
+                       verifier_tok)
         if kind == "ar":
             wrapper, spec, onnx_path, report = _export_ar(serving_dir, out, params, texts)
-        else:
-            wrapper, spec, onnx_path, report = _export_block(serving_dir, out, params, texts, verifier)
+        else:  # the drafter's own config: the served one names model_type qwen3 for the serving stacks
+            wrapper, spec, onnx_path, report = _export_block(drafter_dir, out, params, texts, verifier)
         write_json_atomic(out / PARITY_NAME, report.to_json())
         if not report.passed:
             raise DraftlineError(f"{kind} drafter: ONNX Runtime differs from PyTorch beyond atol={report.atol} "

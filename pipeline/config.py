@@ -360,6 +360,18 @@ class EvaluateConfig(Section):
         return _unique(value, "drafter kinds")
 
 
+class ServeCheckConfig(Section):
+    """Stage `serve_check`: the exported drafters run in vLLM (the `make serve-env` environment)."""
+
+    required: StrictBool = Field(True, description="promote refuses a drafter whose serve_check did not pass")
+    prompts_per_domain: int = Field(8, ge=1)
+    max_new_tokens: int = Field(48, ge=1)
+    max_tau_gap: float = Field(0.15, ge=0, description="largest relative gap vLLM tau vs draftline tau that passes")
+    kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU")
+    enforce_eager: StrictBool = Field(True, description="skip vLLM's torch.compile warm-up (minutes on a small CPU)")
+    engine_timeout_s: int = Field(1200, ge=30, description="wall-clock limit for one vLLM engine run")
+
+
 class DomainGate(Section):
     min_tau: float = Field(1.0, ge=0)
     min_speedup: float = Field(0.0, ge=0)
@@ -386,6 +398,7 @@ class Params(Section):
     train: TrainConfig = TrainConfig()
     export: ExportConfig = ExportConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    serve_check: ServeCheckConfig = ServeCheckConfig()
     promote: PromoteConfig = PromoteConfig()
 
     @model_validator(mode="after")

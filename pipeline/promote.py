@@ -5,6 +5,8 @@ in the same experiment) holding the evaluation metrics, inputs and the serving c
 model, registered as a new version of `<prefix>-<verifier id>-<kind>`. The gate decides whether the
 `champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint hash), so rerunning on the
 same evaluation finds the version it registered before and changes nothing.
+With `serve_check.required` (the default) a drafter whose stage `serve_check` did not pass (it did not
+load in vLLM, its outputs differed, or it was skipped) is refused before registration.
 """
 
 from __future__ import annotations
@@ -271,6 +273,23 @@ def promote_drafter(registry: Registry, params: Params, paths: ArtifactPaths, ev
     return _version_record(registry, name, version, decision, already_registered=existing is not None)
 
 
+def serve_check_refusals(params: Params, paths: ArtifactPaths, kinds: list[str]) -> dict[str, str]:
+    """kind -> why promotion refuses it: `serve_check.required` and its serve_check did not pass."""
+    if not params.serve_check.required:
+        return {}
+    path = paths.metrics / "serving.json"
+    if not path.is_file():
+        raise DraftlineError(f"{path} not found; run `dvc repro serve_check` first "
+                             "(or set serve_check.required: false to promote without the vLLM check)")
+    drafters = read_json(path).get("drafters") or {}
+    refusals = {}
+    for kind in kinds:
+        entry = drafters.get(kind) or {"status": "missing", "reason": f"no '{kind}' entry in {path}"}
+        if entry.get("status") != "passed":
+            refusals[kind] = f"serve_check {entry.get('status')}: {entry.get('reason')}"
+    return refusals
+
+
 def comparisons_table(title: str, comparisons: list[dict]) -> Table:
     """One row per gate comparison (`Comparison.to_dict()` form: NaN already became None)."""
     table = Table(title=title, title_justify="left")
@@ -302,11 +321,14 @@ def print_decision(kind: str, record: dict) -> None:
 def run(params: Params, args: argparse.Namespace) -> dict:
     paths = ArtifactPaths.from_params(params)
     evaluation = Evaluation.load(paths.metrics / "eval.json")
+    refusals = serve_check_refusals(params, paths, sorted(evaluation.drafters))
     uri = tracking_uri(params)
     with mlflow_errors(uri), registry_lock(uri):
         registry = Registry(uri)
         records = {kind: promote_drafter(registry, params, paths, evaluation, kind)
-                   for kind in sorted(evaluation.drafters)}
+                   for kind in sorted(evaluation.drafters) if kind not in refusals}
+    records.update({kind: {"promoted": False, "decision": "refused", "reasons": [reason]}
+                    for kind, reason in refusals.items()})
     report = {
         "tracking_uri": registry.uri,
         "experiment": params.promote.experiment,
@@ -315,7 +337,10 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     }
     write_json_atomic(paths.metrics / "promotion.json", report)
     for kind, record in records.items():
-        print_decision(kind, record)
+        if record["decision"] == "refused":
+            console.print(f"{kind}: [bold red]REFUSED[/] (not registered; serve_check.required): {record['reasons'][0]}")
+        else:
+            print_decision(kind, record)
     console.print(f"MLflow UI: mlflow ui --backend-store-uri {registry.uri}")
     return report
 

@@ -1,5 +1,5 @@
-"""Serving layouts: validators reject what loaders would choke on; launch snippets carry real numbers;
-manifest file table hashes."""
+"""Serving layouts: validators reject what loaders would choke on (plain transformers AutoConfig included);
+launch snippets carry real numbers; learned masks are refused; manifest file table hashes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from export.manifest import file_table, tokenizer_hash
-from export.serving import LaunchInfo, ar_launch, block_launch, copy_checkpoint, launch_info
-from export.validate import validate_causal_lm, validate_dflash
+import yaml
+
+from export.serving import (LaunchInfo, ar_launch, block_launch, copy_checkpoint, launch_info, vllm_job,
+                            write_dflash_serving_config)
+from export.validate import check_plain_autoconfig, validate_causal_lm, validate_dflash
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_file
 from tests.tiny_models import tiny_qwen3, tiny_tokenizer
@@ -31,17 +34,22 @@ def ar_dir(tmp_path, tokenizer) -> Path:
     return directory
 
 
-@pytest.fixture
-def block_dir(tmp_path, tokenizer) -> Path:
+def _save_block_drafter(directory: Path, tokenizer, **config) -> None:
     from train.block_model import DFlashConfig, DFlashDraftModel
 
-    config = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=8, intermediate_size=64, vocab_size=len(tokenizer), block_size=4,
-                          num_target_layers=4, dflash_config={"mask_token_id": tokenizer.mask_token_id,
-                                                              "target_layer_ids": [0, 2]})
-    directory = tmp_path / "block"
-    DFlashDraftModel(config).save_pretrained(directory)
+    defaults = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                    intermediate_size=64, vocab_size=len(tokenizer), block_size=4, num_target_layers=4,
+                    dflash_config={"mask_token_id": tokenizer.mask_token_id, "target_layer_ids": [0, 2]})
+    DFlashDraftModel(DFlashConfig(**{**defaults, **config})).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+
+
+@pytest.fixture
+def block_dir(tmp_path, tokenizer) -> Path:
+    """A block drafter in its served layout (what the export stage writes)."""
+    directory = tmp_path / "block"
+    _save_block_drafter(directory, tokenizer)
+    write_dflash_serving_config(directory)
     return directory
 
 
@@ -60,8 +68,38 @@ def _drop_weight(directory: Path, name: str) -> None:
 
 def test_valid_layouts_pass(ar_dir, block_dir):
     assert validate_causal_lm(ar_dir)["model_type"] == "qwen3"
-    config = validate_dflash(block_dir)
+    config = validate_dflash(block_dir)  # includes loading config.json with plain AutoConfig without draftline
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 4
+    assert config["model_type"] == "qwen3" and config["layer_types"] == ["full_attention"]
+    assert config["use_sliding_window"] is False and "mask_mode" not in config
+    assert config["dflash_config"]["target_layer_ids"] == [0, 2]
+
+
+def test_draftline_model_type_is_caught(block_dir):
+    """`model_type: dflash` exists only inside draftline: the validator and plain AutoConfig both reject it."""
+    _edit_config(block_dir, lambda c: c.update(model_type="dflash"))
+    with pytest.raises(DraftlineError, match="model_type 'qwen3'") as caught:
+        validate_dflash(block_dir)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(DraftlineError, match="does not load with plain transformers AutoConfig.*dflash") as caught:
+        check_plain_autoconfig(block_dir, "qwen3")
+    assert "\n" not in str(caught.value)
+
+
+def test_served_block_drafter_still_loads_in_draftline(block_dir):
+    from serve_eval.drafters import load_block_model
+
+    model = load_block_model(block_dir)
+    assert model.config.mask_token_id is not None and model.config.mask_mode == "token"
+
+
+def test_learned_mask_is_refused_for_serving(tmp_path, tokenizer):
+    directory = tmp_path / "learned"
+    _save_block_drafter(directory, tokenizer, mask_mode="learned",
+                        dflash_config={"mask_token_id": None, "target_layer_ids": [0, 2]})
+    with pytest.raises(DraftlineError, match="learned mask embedding.*train.block.mask: token") as caught:
+        write_dflash_serving_config(directory)
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize("key", ["num_key_value_heads", "vocab_size", "architectures"])
@@ -135,6 +173,14 @@ def test_launch_snippets_carry_paths_and_numbers(block_dir):
     assert "--speculative-algorithm DFLASH" in text and "--speculative-num-draft-tokens 4" in text
     assert "decoding_type: DFlash" in text and "target_layer_ids: [0, 2]" in text
     assert f"mask_token_id: {config['dflash_config']['mask_token_id']}" in text
+    assert vllm_job("block", info) == {"model": "/models/verifier", "speculative_config": spec}
+
+
+def test_tensorrt_yaml_is_valid_yaml_with_null():
+    text = block_launch(LaunchInfo("/v", "/d", 3, 4, None, (0, 2)))
+    snippet = text.split("`spec.yaml`:\n\n```yaml\n")[1].split("```")[0]
+    config = yaml.safe_load(snippet)["speculative_config"]
+    assert config["mask_token_id"] is None and config["target_layer_ids"] == [0, 2] and config["max_draft_len"] == 3
 
 
 def test_manifest_file_table_and_tokenizer_hash(ar_dir):
@@ -150,8 +196,6 @@ def test_manifest_file_table_and_tokenizer_hash(ar_dir):
 
 
 def test_stage_without_drafters_fails_cleanly(tmp_path, capsys):
-    import yaml
-
     from export.stage import main
 
     params = tmp_path / "params.yaml"

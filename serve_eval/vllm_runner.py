@@ -1,0 +1,94 @@
+"""One vLLM engine on token-id prompts, greedy: outputs, vLLM's spec-decode counters and timings.
+
+Runs under the serving environment's interpreter (`make serve-env`: vLLM *without* draftline) and
+imports nothing from draftline, so what loads here is what a user's `vllm serve` loads. Usage:
+
+    .venv-serve/bin/python -I serve_eval/vllm_runner.py JOB.json RESULT.json
+
+JOB: {"model", "speculative_config" (null: no speculation), "prompts": {domain: [[ids]]},
+"max_new_tokens", "dtype", "seed", "max_model_len", "enforce_eager"}. RESULT: {"error": null or the
+first line of vLLM's error, "engine_start_s", "domains": {domain: {"outputs", "wall_s", "tokens",
+"counters"}}}. A failure is written to RESULT (exit code 0); only a broken JOB file exits non-zero.
+"""
+
+import json
+import os
+import sys
+import time
+
+COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens")
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def read_counters(llm) -> dict:
+    """vLLM's spec-decode counters, summed over label sets (engines)."""
+    totals: dict = {}
+    for metric in llm.get_metrics():
+        if metric.name in COUNTERS:
+            totals[metric.name] = totals.get(metric.name, 0) + int(metric.value)
+        elif metric.name == PER_POSITION:
+            previous = totals.get(PER_POSITION, [])
+            values = [int(v) for v in metric.values]
+            width = max(len(previous), len(values))
+            totals[PER_POSITION] = [(previous[i] if i < len(previous) else 0) + (values[i] if i < len(values) else 0)
+                                    for i in range(width)]
+    return totals
+
+
+def counter_delta(after: dict, before: dict) -> dict:
+    delta = {name: after.get(name, 0) - before.get(name, 0) for name in COUNTERS}
+    now, then = after.get(PER_POSITION, []), before.get(PER_POSITION, [])
+    delta[PER_POSITION] = [v - (then[i] if i < len(then) else 0) for i, v in enumerate(now)]
+    return delta
+
+
+def first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
+
+
+def run(job: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    started = time.perf_counter()
+    llm = LLM(model=job["model"], dtype=job["dtype"], seed=job["seed"], max_model_len=job["max_model_len"],
+              speculative_config=job["speculative_config"], enforce_eager=job["enforce_eager"],
+              disable_log_stats=False)  # stats on: the spec-decode counters come from the stat loggers
+    engine_start_s = time.perf_counter() - started
+    greedy = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], ignore_eos=True)
+    # warm-up: first-call allocations must not land in the timings (counters are read as deltas)
+    first = next(iter(job["prompts"].values()))[0]
+    llm.generate([{"prompt_token_ids": first}], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                 use_tqdm=False)
+    domains = {}
+    for domain, prompts in job["prompts"].items():
+        before = read_counters(llm)
+        t0 = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], greedy, use_tqdm=False)
+        wall_s = time.perf_counter() - t0
+        token_ids = [list(output.outputs[0].token_ids) for output in outputs]
+        domains[domain] = {"outputs": token_ids, "wall_s": wall_s, "tokens": sum(len(ids) for ids in token_ids),
+                           "counters": counter_delta(read_counters(llm), before)}
+    return {"error": None, "engine_start_s": engine_start_s, "domains": domains}
+
+
+def main(argv: list) -> int:
+    if len(argv) != 3:
+        print("usage: vllm_runner.py JOB.json RESULT.json", file=sys.stderr)
+        return 2
+    with open(argv[1], encoding="utf-8") as handle:
+        job = json.load(handle)
+    try:
+        result = run(job)
+    except Exception as error:  # any vLLM failure is a result to record, not a crash of the stage
+        result = {"error": first_line(error), "engine_start_s": None, "domains": {}}
+    tmp = argv[2] + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(result, handle)
+    os.replace(tmp, argv[2])
+    return 0
+
+
+if __name__ == "__main__":  # vLLM may spawn worker processes that re-import this file
+    sys.exit(main(sys.argv))
