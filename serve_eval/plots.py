@@ -7,12 +7,9 @@ import io
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.atomic import write_text_atomic
-
-if TYPE_CHECKING:
-    from serve_eval.evaluate import Tally
+from serve_eval.tally import Tally
 
 ACCEPTANCE_CSV = "eval_acceptance.csv"
 TAU_CSV = "eval_tau_hist.csv"
@@ -37,7 +34,7 @@ def _save_png(figure, path: Path) -> None:
             os.unlink(tmp)
 
 
-def write_plots(directory: Path, tallies: dict[tuple[str, str, str], "Tally"]) -> None:
+def write_plots(directory: Path, tallies: dict[tuple[str, str, str], Tally]) -> None:
     """`tallies` is keyed by (drafter, temperature, domain)."""
     import matplotlib
 
