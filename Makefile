@@ -53,5 +53,8 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m data_prep.bench
 
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
 clean:
 	rm -rf artifacts metrics plots mlflow.db mlruns .pytest_cache

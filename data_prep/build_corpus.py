@@ -28,7 +28,6 @@ from data_prep.verifier import load_verifier, verifier_identity
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import CorpusConfig, Params
-from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
 

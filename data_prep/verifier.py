@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import torch
-from transformers.utils import logging as transformers_logging
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as transformers_logging
 
 from data_prep.tokenizer import MASK_TOKEN
 from pipeline.atomic import write_json_atomic

@@ -32,9 +32,22 @@ from pipeline.lineage import hash_dir, hash_file, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
 from pipeline.registry import (
-    CHAMPION, PREVIOUS_CHAMPION, TAG_EVAL_KEY, TAG_GATE, TAG_GATE_DECISION, TAG_GATE_REASONS, TAG_KIND,
-    TAG_STAGE, TAG_TRAIN_RUN, Registry, metric_tags, metrics_from_tags, mlflow_errors, registered_model_name,
-    registry_lock, tag_key,
+    CHAMPION,
+    PREVIOUS_CHAMPION,
+    TAG_EVAL_KEY,
+    TAG_GATE,
+    TAG_GATE_DECISION,
+    TAG_GATE_REASONS,
+    TAG_KIND,
+    TAG_STAGE,
+    TAG_TRAIN_RUN,
+    Registry,
+    metric_tags,
+    metrics_from_tags,
+    mlflow_errors,
+    registered_model_name,
+    registry_lock,
+    tag_key,
 )
 from pipeline.tracking import tracking_uri
 

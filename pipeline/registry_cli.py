@@ -25,8 +25,16 @@ from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
 from pipeline.promote import DRAFTER_KINDS, Evaluation, comparisons_table, gate_version
 from pipeline.registry import (
-    CHAMPION, PREVIOUS_CHAMPION, TAG_GATE, TAG_GATE_DECISION, TAG_GATE_REASONS, Registry, metrics_from_tags, mlflow_errors,
-    registered_model_name, registry_lock,
+    CHAMPION,
+    PREVIOUS_CHAMPION,
+    TAG_GATE,
+    TAG_GATE_DECISION,
+    TAG_GATE_REASONS,
+    Registry,
+    metrics_from_tags,
+    mlflow_errors,
+    registered_model_name,
+    registry_lock,
 )
 from pipeline.tracking import tracking_uri
 

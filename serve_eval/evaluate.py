@@ -41,20 +41,17 @@ def evaluate_cell(verifier, proposer: Proposer, prompts: list[list[int]], sampli
     # warm-up: first-call allocations and kernel selection must not land in either timing
     decode(verifier, prompts[0], min(8, max_new_tokens), **run)
     decode(verifier, prompts[0], min(8, max_new_tokens), proposer=proposer, **run)
+    def one_run(prompt: list[int], with_proposer: Proposer | None, seed_offset: int) -> Generation:
+        return decode(verifier, prompt, max_new_tokens, proposer=with_proposer,
+                      generator=torch.Generator().manual_seed(seed + seed_offset), **run)
+
     for index, prompt in enumerate(progress(prompts, desc=desc, unit="prompt")):
-        def base_run() -> Generation:
-            return decode(verifier, prompt, max_new_tokens, generator=torch.Generator().manual_seed(seed + index), **run)
-
-        def spec_run() -> Generation:
-            return decode(verifier, prompt, max_new_tokens, proposer=proposer,
-                          generator=torch.Generator().manual_seed(seed + 10_000 + index), **run)
-
         if index % 2:  # alternate the order so drift (thermal, caches) hits both sides equally
-            spec = spec_run()
-            base = base_run()
+            spec = one_run(prompt, proposer, 10_000 + index)
+            base = one_run(prompt, None, index)
         else:
-            base = base_run()
-            spec = spec_run()
+            base = one_run(prompt, None, index)
+            spec = one_run(prompt, proposer, 10_000 + index)
         tally.add(spec, base)
         if sampling.greedy and spec.new_ids != base.new_ids:
             tally.mismatches += 1

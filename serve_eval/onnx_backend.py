@@ -18,6 +18,7 @@ import torch
 from pipeline.errors import DraftlineError
 from pipeline.integrity import verify_manifest
 
+
 class OnnxARDrafter:
     """`ARDraftBackend` over an exported AR drafter; the cache is the list of `present_*` arrays."""
 

@@ -187,7 +187,8 @@ def test_token_ids_outside_the_vocabulary_are_refused_at_load(tmp_path):
     split = Dataset.from_list([row])
     DatasetDict(train=split, validation=split, test=split).save_to_disk(str(paths.corpus))
     load_corpus(paths, vocab_size=501)
-    with pytest.raises(DraftlineError, match="'response_ids' has token ids in \\[3, 500\\], outside the verifier's vocabulary of 320"):
+    expected = "'response_ids' has token ids in \\[3, 500\\], outside the verifier's vocabulary of 320"
+    with pytest.raises(DraftlineError, match=expected):
         load_corpus(paths, vocab_size=320)
 
 

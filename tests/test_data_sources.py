@@ -14,7 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_prep.sources import (
-    Prompt, collect_prompts, deduplicate, field_value, load_source, split_of, stdlib_code_prompts,
+    Prompt,
+    collect_prompts,
+    deduplicate,
+    field_value,
+    load_source,
+    split_of,
+    stdlib_code_prompts,
     stdlib_text_prompts,
 )
 from pipeline.config import CorpusConfig, PromptSourceConfig, SplitConfig

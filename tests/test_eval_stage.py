@@ -56,7 +56,7 @@ def test_evaluate_writes_contract_metrics_and_plots(project, monkeypatch):
     report = json.loads((project / "metrics" / "eval.json").read_text())
     assert set(report["verifier"]) == {"id", "hash"} and report["corpus_hash"]
     assert set(report["drafters"]) == {"ar", "block"}
-    for kind, entry in report["drafters"].items():
+    for entry in report["drafters"].values():
         assert entry["backend"] == "torch"
         assert entry["mismatches"] == 0 and entry["lossless"] is True
         assert set(entry["by_temperature"]) == {"0.0", "0.8"}

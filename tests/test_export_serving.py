@@ -8,13 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file, save_file
 
 from export.manifest import file_table, tokenizer_hash
-import yaml
-
-from export.serving import (LaunchInfo, ar_launch, block_launch, copy_checkpoint, launch_info, vllm_job,
-                            write_dflash_serving_config)
+from export.serving import (
+    LaunchInfo,
+    ar_launch,
+    block_launch,
+    copy_checkpoint,
+    launch_info,
+    vllm_job,
+    write_dflash_serving_config,
+)
 from export.validate import check_plain_autoconfig, validate_causal_lm, validate_dflash
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_file

@@ -58,7 +58,10 @@ def test_ce_on_response_tokens():
 
 def test_temperature_softens_both_sides():
     temperature = 2.0
-    soft = lambda dist: [x ** (1 / temperature) / sum(y ** (1 / temperature) for y in dist) for x in dist]
+
+    def soft(dist):
+        return [x ** (1 / temperature) / sum(y ** (1 / temperature) for y in dist) for x in dist]
+
     value = losses.fkl(student(), teacher(), MASK, temperature=temperature).item()
     assert value == pytest.approx(kl(soft(P), soft(Q)), rel=1e-5)
 

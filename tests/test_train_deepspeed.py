@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from pipeline.config import TrainerConfig
 from tests.test_train_ar import assert_trained, make_artifacts, run_train, write_params
 from train.strategies import CPUDeepSpeedStrategy, make_strategy
-from pipeline.config import TrainerConfig
 
 
 def test_make_strategy_picks_cpu_deepspeed_without_cuda():

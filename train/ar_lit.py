@@ -105,7 +105,8 @@ class ARDistillModule(DrafterModule):
         self.verifier.to(self.device)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_index: int) -> torch.Tensor:
-        loss, terms, _ = batch_signals(self.drafter, self.verifier, batch, self.loss_cfg, need_teacher=needs_teacher(self.loss_cfg))
+        loss, terms, _ = batch_signals(self.drafter, self.verifier, batch, self.loss_cfg,
+                                       need_teacher=needs_teacher(self.loss_cfg))
         self.tokens_seen += int(batch["loss_mask"].sum().item())
         self.log("train/loss", loss, prog_bar=True)
         for name, value in terms.items():

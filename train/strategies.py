@@ -12,8 +12,8 @@ Launchers: Lightning picks the cluster environment from the standard variables (
 from __future__ import annotations
 
 import torch
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
 
 from pipeline.config import TrainerConfig
 
