@@ -8,7 +8,6 @@ fed the same next token (PyTorch's argmax) so the two paths stay comparable step
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -19,12 +18,6 @@ from torch import nn
 from export.onnx_export import IOSpec
 
 Prompt = Sequence[int]
-
-
-def ort_session(path: Path, providers: Sequence[str] = ("CPUExecutionProvider",)) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=list(providers))
 
 
 def error_stats(reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float) -> dict:

@@ -20,6 +20,7 @@ from data_prep.corpus import load_corpus
 from data_prep.verifier import check_same_tokenizer, load_verifier, model_location, read_record, verifier_identity
 from export import onnx_export, parity, serving, tensorrt_build
 from export.manifest import MANIFEST_NAME, build_manifest
+from export.ort_session import ort_session
 from export.validate import validate_causal_lm, validate_dflash
 from pipeline.atomic import atomic_dir, write_json_atomic, write_text_atomic
 from pipeline.cli import run_stage, stage_parser
@@ -68,7 +69,7 @@ def _export_ar(serving_dir: Path, out: Path, params: Params, texts):
                               parity.random_past(spec, 2, 5, generator))
     path = onnx_export.export_onnx(wrapper, spec, example, out, params.export.opset, params.export.exporter)
     prompts = [prompt for prompt, _ in texts]
-    report = parity.ar_parity(wrapper, parity.ort_session(path), spec, prompts, params.export.parity_steps,
+    report = parity.ar_parity(wrapper, ort_session(path), spec, prompts, params.export.parity_steps,
                               params.export.atol, params.export.rtol, params.project.seed)
     return wrapper, spec, path, report
 
@@ -90,7 +91,7 @@ def _export_block(drafter_dir: Path, out: Path, params: Params, texts, verifier:
             hidden = verifier(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
             contexts.append((model.fuse_target_hidden(hidden), ids))
     reference = parity.BlockReference(model, embed, lm_head)
-    report = parity.block_parity(reference, parity.ort_session(path), spec, contexts, params.export.parity_steps,
+    report = parity.block_parity(reference, ort_session(path), spec, contexts, params.export.parity_steps,
                                  params.export.atol, params.export.rtol, params.project.seed)
     return wrapper, spec, path, report
 
@@ -112,7 +113,7 @@ def _tensorrt(kind: str, wrapper, spec, onnx_path: Path, out: Path, params: Para
                                              params.export.opset, params.export.exporter)
     engine = tensorrt_build.build_engine(build_onnx, build_spec, params.export, plan,
                                          out / tensorrt_build.ENGINE_NAME)
-    expected = parity.ort_session(onnx_path).run(spec.output_names, {n: t.numpy() for n, t in feeds.items()})
+    expected = ort_session(onnx_path).run(spec.output_names, {n: t.numpy() for n, t in feeds.items()})
     got = tensorrt_build.run_engine(engine, build_spec, feeds)
     check = parity.ParityReport(params.export.atol, params.export.rtol)
     check.add("engine vs onnxruntime at the opt profile shapes", spec.output_names, expected, got)

@@ -15,6 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from export.ort_session import ort_session
 from pipeline.errors import DraftlineError
 from pipeline.integrity import verify_manifest
 
@@ -118,9 +119,7 @@ def _read_export(export_dir: Path, kind: str, providers: tuple[str, ...]) -> tup
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     if manifest.get("kind") != kind:
         raise DraftlineError(f"{export_dir} holds a '{manifest.get('kind')}' export, not the {kind} drafter; {hint}")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(model_path), options, providers=list(providers)), manifest["onnx"]
+    return ort_session(model_path, providers), manifest["onnx"]
 
 
 def load_onnx_ar_drafter(export_dir: Path, providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> OnnxARDrafter:
