@@ -110,7 +110,7 @@ def ar_launch(info: LaunchInfo) -> str:
     return f"""# Serving the AR drafter
 
 Draft model: `{info.draft}` (a plain HF causal LM with the verifier's tokenizer).
-Target (verifier): `{info.verifier}`. Draft tokens per step k = {k} (`evaluate.ar_draft_tokens`).
+Target (verifier): `{info.verifier}`. Draft tokens per step k = {k} (`train.ar.draft_tokens`, as trained).
 
 ## vLLM
 
@@ -205,8 +205,11 @@ trtllm-serve {info.verifier} --config spec.yaml   # older releases: --extra_llm_
 """
 
 
-def launch_info(kind: str, config: dict, verifier: str, draft: Path, ar_draft_tokens: int) -> LaunchInfo:
+def launch_info(kind: str, config: dict, verifier: str, draft: Path, ar_draft_tokens: int | None) -> LaunchInfo:
     if kind == "ar":
+        if not ar_draft_tokens:
+            raise DraftlineError("the AR drafter's training.json records no draft_tokens; retrain it "
+                                 "(`dvc repro train_ar`)")
         return LaunchInfo(verifier, str(draft), ar_draft_tokens)
     dflash = config["dflash_config"]
     block = int(config["block_size"])

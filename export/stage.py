@@ -27,7 +27,7 @@ from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_drafter_matches_verifier
-from pipeline.lineage import git_commit, hash_dir, read_json
+from pipeline.lineage import git_commit, hash_dir, read_json, trained_draft_tokens
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 
@@ -125,7 +125,7 @@ def _tensorrt(kind: str, wrapper, spec, onnx_path: Path, out: Path, params: Para
             "parity_vs_onnxruntime": check.to_json()["outputs"]}, None
 
 
-def export_serving(kind: str, drafter_dir: Path, out: Path, target: Path, verifier: str, ar_draft_tokens: int,
+def export_serving(kind: str, drafter_dir: Path, out: Path, target: Path, verifier: str, ar_draft_tokens: int | None,
                    verifier_tok) -> dict:
     """`serving/` (validated as the serving stacks load it), `launch.md` and `vllm.json` under `out`, which
     becomes `target`; returns the served config."""
@@ -149,7 +149,7 @@ def export_kind(kind: str, params: Params, paths: ArtifactPaths, verifier, verif
                                    f"retrain it (`dvc repro train_{kind}`)")
     with atomic_dir(target) as out:
         serving_dir = out / serving.SERVING_DIR
-        export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), params.evaluate.ar_draft_tokens,
+        export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), trained_draft_tokens(drafter_dir),
                        verifier_tok)
         if kind == "ar":
             wrapper, spec, onnx_path, report = _export_ar(serving_dir, out, params, texts)

@@ -255,6 +255,9 @@ class ARDrafterConfig(Section):
     intermediate_size: Optional[int] = Field(None, ge=16)
     init: Literal["verifier", "scratch", "pretrained"] = "verifier"
     init_path: Optional[str] = None
+    # k, the tokens drafted per verifier step: trained for, recorded in training.json, and read from
+    # there by export (launch configs), evaluate and serve_check, so they always match the drafter.
+    draft_tokens: int = Field(4, ge=1, le=32)
     loss: LossConfig = LossConfig()
     # Sized so train_ar takes a few minutes on a 2-core CPU with the demo verifier.
     trainer: TrainerConfig = TrainerConfig(max_steps=100, val_every_n_steps=50, checkpoint_every_n_steps=25)
@@ -340,7 +343,6 @@ class EvaluateConfig(Section):
     temperatures: list[float] = Field(default_factory=lambda: [0.0, 0.8], min_length=1)
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    ar_draft_tokens: int = Field(4, ge=1, le=32)
     denoise_steps: int = Field(1, ge=1)
     backend: Literal["torch", "onnx"] = "torch"
     seed: int = Field(0, ge=0)
@@ -377,9 +379,14 @@ class DomainGate(Section):
     min_speedup: float = Field(0.0, ge=0)
 
 
-class PromoteConfig(Section):
-    tracking_uri: Optional[str] = Field(None, description="None: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+class TrackingConfig(Section):
+    """Where MLflow runs (training, promotion) and the model registry live; read by every stage that logs."""
+
+    uri: Optional[str] = Field(None, description="None: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     experiment: str = "draftline"
+
+
+class PromoteConfig(Section):
     model_name_prefix: str = "draftline"
     require_lossless: StrictBool = True
     max_regression: float = Field(0.05, ge=0, le=1)
@@ -398,6 +405,7 @@ class Params(Section):
     train: TrainConfig = TrainConfig()
     export: ExportConfig = ExportConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    tracking: TrackingConfig = TrackingConfig()
     serve_check: ServeCheckConfig = ServeCheckConfig()
     promote: PromoteConfig = PromoteConfig()
 

@@ -198,7 +198,7 @@ def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluati
     lineage = training.get("lineage") or {}
     drafter_eval = evaluation.drafters[kind]
     metrics = gate_metrics(drafter_eval)
-    experiment_id = registry.experiment_id(params.promote.experiment)
+    experiment_id = registry.experiment_id(params.tracking.experiment)
     train_run_id = training.get("mlflow_run_id")
     train_run = registry.find_run(train_run_id)
 
@@ -344,7 +344,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
                     for kind, reason in refusals.items()})
     report = {
         "tracking_uri": registry.uri,
-        "experiment": params.promote.experiment,
+        "experiment": params.tracking.experiment,
         "eval_sha256": evaluation.sha256,
         "drafters": records,
     }

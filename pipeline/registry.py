@@ -111,7 +111,7 @@ def check_store(uri: str) -> None:
     database = _sqlite_path(uri)
     if database is not None and database.exists():
         if not database.is_file():
-            raise DraftlineError(f"MLflow store {database} is not a file; point promote.tracking_uri at an sqlite file")
+            raise DraftlineError(f"MLflow store {database} is not a file; point tracking.uri at an sqlite file")
         with database.open("rb") as handle:
             header = handle.read(len(SQLITE_HEADER))
         if not header:
@@ -131,7 +131,7 @@ def check_store(uri: str) -> None:
             reason = getattr(error, "reason", error)
             raise DraftlineError(
                 f"MLflow tracking server {uri} is not reachable ({reason}); start it, or fix "
-                "promote.tracking_uri / $MLFLOW_TRACKING_URI"
+                "tracking.uri / $MLFLOW_TRACKING_URI"
             ) from None
 
 
@@ -176,7 +176,7 @@ class Registry:
         if experiment.lifecycle_stage == "deleted":
             raise DraftlineError(
                 f"MLflow experiment '{name}' is deleted; restore it (`mlflow experiments restore`) "
-                "or set promote.experiment to another name"
+                "or set tracking.experiment to another name"
             )
         self._check_artifact_location(name, experiment.artifact_location)
         return experiment.experiment_id
@@ -191,7 +191,7 @@ class Registry:
         if actual != Path(expected):
             raise DraftlineError(
                 f"MLflow experiment '{name}' keeps artifacts in {actual}, not next to {_sqlite_path(self.uri)} "
-                f"(the project was moved or copied); set promote.experiment to a new name to start a fresh "
+                f"(the project was moved or copied); set tracking.experiment to a new name to start a fresh "
                 f"experiment here, or run from the original location"
             )
 
@@ -307,7 +307,7 @@ def mlflow_errors(uri: str) -> Iterator[None]:
     except MlflowException as error:
         message = str(error.message).splitlines()[0] if error.message else type(error).__name__
         raise DraftlineError(
-            f"MLflow at {uri}: {message}; check promote.tracking_uri / $MLFLOW_TRACKING_URI"
+            f"MLflow at {uri}: {message}; check tracking.uri / $MLFLOW_TRACKING_URI"
         ) from None
     except SQLAlchemyError as error:
         first_line = str(error.orig if getattr(error, "orig", None) else error).splitlines()[0]

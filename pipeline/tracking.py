@@ -1,4 +1,4 @@
-"""MLflow tracking location: params, then $MLFLOW_TRACKING_URI, then the embedded sqlite store."""
+"""MLflow tracking location: `tracking.uri` in params, then $MLFLOW_TRACKING_URI, then the embedded sqlite store."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pipeline.config import Params
 
 
 def tracking_uri(params: Params, base: Path | str = ".") -> str:
-    if params.promote.tracking_uri:
-        return params.promote.tracking_uri
+    if params.tracking.uri:
+        return params.tracking.uri
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     return f"sqlite:///{(Path(base) / 'mlflow.db').resolve()}"

@@ -56,7 +56,7 @@ def random_setup(params: Params, count: int):
         vocab_size=512, block_size=params.train.block.block_size, num_target_layers=4,
         dflash_config={"mask_token_id": 1, "target_layer_ids": [0, 3]})).eval()
     prompts = torch.randint(3, 512, (count, 24)).tolist()
-    proposers = {"ar": (ARProposer(TorchARDrafter(drafter), params.evaluate.ar_draft_tokens), drafter),
+    proposers = {"ar": (ARProposer(TorchARDrafter(drafter), params.train.ar.draft_tokens), drafter),
                  "block": (BlockProposer(BlockDrafter(block, verifier, params.evaluate.denoise_steps)), None)}
     return verifier, None, prompts, proposers
 
@@ -76,7 +76,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
     for kind, (proposer, peer) in proposers.items():
         tally = evaluate_cell(verifier, proposer, prompts, Sampling(), max_new_tokens=args.max_new_tokens,
                               eos_token_id=eos, seed=0, desc=f"bench {kind}", peer_drafter=peer,
-                              draft_tokens=params.evaluate.ar_draft_tokens)
+                              draft_tokens=proposer.draft_tokens if peer is not None else 0)
         metrics = tally.metrics()
         table.add_row(kind, f"{tally.base_s:.3f}", f"{tally.spec_s:.3f}", f"{metrics['speedup']:.2f}x",
                       f"{metrics['tau']:.2f}", f"{tally.peer_s:.3f}" if peer is not None else "-",

@@ -90,7 +90,8 @@ def run(params: Params, args: argparse.Namespace) -> dict:
                 tally = evaluate_cell(
                     verifier, proposer, domain_prompts, sampling, max_new_tokens=config.max_new_tokens,
                     eos_token_id=tokenizer.eos_token_id, seed=config.seed, desc=f"{kind} T={key} {domain}",
-                    peer_drafter=peer_drafter if use_peer else None, draft_tokens=config.ar_draft_tokens)
+                    peer_drafter=peer_drafter if use_peer else None,
+                    draft_tokens=proposer.draft_tokens if use_peer else 0)
                 tallies[(kind, key, domain)] = tally
                 entry["by_temperature"][key][domain] = tally.metrics()
                 entry["mismatches"] += tally.mismatches

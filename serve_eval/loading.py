@@ -10,6 +10,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from pipeline.config import EvaluateConfig, VerifierConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_drafter_matches_verifier
+from pipeline.lineage import trained_draft_tokens
 from pipeline.paths import ArtifactPaths
 from serve_eval.decoding import ARProposer, BlockProposer, Proposer
 from serve_eval.drafters import BlockDrafter, TorchARDrafter, load_ar_model, load_block_model, require_drafter_dir
@@ -74,7 +75,10 @@ def load_proposers(paths: ArtifactPaths, config: EvaluateConfig, verifier: PreTr
             model = load_ar_model(directory, dtype).to(verifier.device)
             backend = (onnx_backend().load_onnx_ar_drafter(paths.export(kind)) if config.backend == "onnx"
                        else TorchARDrafter(model))
-            proposers[kind] = (ARProposer(backend, config.ar_draft_tokens), backend.name, model)
+            draft_tokens = trained_draft_tokens(directory)
+            if not draft_tokens:
+                raise DraftlineError(f"{directory}/training.json records no draft_tokens; retrain it (`dvc repro train_ar`)")
+            proposers[kind] = (ARProposer(backend, draft_tokens), backend.name, model)
         else:
             model = load_block_model(directory, dtype).to(verifier.device)
             drafter = (onnx_backend().load_onnx_block_drafter(paths.export(kind), config.denoise_steps)

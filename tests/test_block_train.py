@@ -26,7 +26,7 @@ def write_block_params(root, **trainer) -> object:
         "train": {"block": {"block_size": BLOCK, "num_layers": 1, "anchors_per_sequence": 6,
                             "trainer": {"batch_size": 4, "learning_rate": 0.01, "warmup_steps": 2, "max_seq_len": 32,
                                         "val_every_n_steps": 1000, **trainer}}},
-        "promote": {"tracking_uri": f"sqlite:///{root / 'mlflow.db'}"},
+        "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}"},
     }
     parse_params(data)
     path = root / "params.yaml"

@@ -38,6 +38,7 @@ def project(tmp_path_factory):
     drafter = tiny_qwen3(len(tokenizer), num_layers=1, seed=5, eos_token_id=tokenizer.eos_token_id)
     drafter.save_pretrained(artifacts / "drafters" / "ar")
     tokenizer.save_pretrained(artifacts / "drafters" / "ar")
+    (artifacts / "drafters" / "ar" / "training.json").write_text(json.dumps({"kind": "ar", "draft_tokens": 4}))
     block = block_model(verifier, 4)
     block.save_pretrained(artifacts / "drafters" / "block")
     tokenizer.save_pretrained(artifacts / "drafters" / "block")

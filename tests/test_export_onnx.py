@@ -40,7 +40,8 @@ def _ar_drafter(verifier, tokenizer, directory: Path) -> None:
     drafter.load_state_dict(verifier.state_dict(), strict=False)
     drafter.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    (directory / "training.json").write_text(json.dumps({"kind": "ar", "lineage": {"verifier_id": "tiny"}}))
+    training = {"kind": "ar", "draft_tokens": 3, "lineage": {"verifier_id": "tiny"}}
+    (directory / "training.json").write_text(json.dumps(training))
 
 
 def _block_drafter(tokenizer, directory: Path) -> None:
@@ -71,8 +72,7 @@ def write_artifacts(root: Path, tiny_verifier_dir: Path) -> None:
 def write_params(directory: Path, root: Path, **export) -> Path:
     params = {"project": {"artifacts_dir": str(root), "metrics_dir": str(directory / "metrics"),
                           "plots_dir": str(directory / "plots")},
-              "export": {"parity_prompts": 2, "parity_steps": 20, **export},
-              "evaluate": {"ar_draft_tokens": 3}}
+              "export": {"parity_prompts": 2, "parity_steps": 20, **export}}
     path = directory / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     return path

@@ -49,8 +49,8 @@ class Workspace:
         self.verifier_id = verifier_id
         self.tokenizer_dir = tokenizer_dir
         self.params = root / "params.yaml"
-        self.params.write_text(yaml.safe_dump({"promote": {
-            "tracking_uri": store_uri, "experiment": EXPERIMENT, "model_name_prefix": "dl",
+        self.params.write_text(yaml.safe_dump({"tracking": {"uri": store_uri, "experiment": EXPERIMENT}, "promote": {
+            "model_name_prefix": "dl",
             "gates": {"code": {"min_tau": 1.2, "min_speedup": 1.0}, "text": {"min_tau": 1.1, "min_speedup": 1.0}},
         }, "serve_check": {"required": False}}))  # the vLLM check has its own tests (test_serve_check.py)
         (root / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {"train@ar": {

@@ -121,7 +121,6 @@ def write_params(work: Path, **serve) -> Path:
     path.write_text(yaml.safe_dump({
         "project": {"artifacts_dir": str(work / "artifacts"), "metrics_dir": str(work / "metrics"),
                     "plots_dir": str(work / "plots")},
-        "evaluate": {"ar_draft_tokens": K},
         "serve_check": {"prompts_per_domain": 2, "max_new_tokens": 16, **serve}}))
     return path
 
@@ -162,6 +161,7 @@ def served(tmp_path_factory):
     write_corpus(tokenizer, paths.corpus)
     # AR drafter = the verifier itself: every draft is accepted, so both sides must measure tau = K + 1
     shutil.copytree(paths.verifier, paths.drafter("ar"), ignore=shutil.ignore_patterns("verifier.json"))
+    (paths.drafter("ar") / "training.json").write_text(json.dumps({"kind": "ar", "draft_tokens": K}))
     torch.manual_seed(2)
     block = DFlashConfig(hidden_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=32, intermediate_size=256, vocab_size=len(tokenizer), block_size=K + 1,

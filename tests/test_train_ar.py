@@ -65,7 +65,7 @@ def write_params(root: Path, trainer: dict, ar: dict | None = None) -> Path:
                          "trainer": {"batch_size": 4, "learning_rate": 0.01, "warmup_steps": 2, "max_seq_len": 32,
                                      "val_every_n_steps": 1000, **trainer},
                          **(ar or {})}},
-        "promote": {"tracking_uri": f"sqlite:///{root / 'mlflow.db'}"},
+        "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}"},
     }
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -103,7 +103,7 @@ def test_train_ar_auto_in_process(tmp_path):
     info = run(params)
     assert info["steps"] == 30
     assert info["val_loss"] < info["untrained_val_loss"]
-    assert len(info["top1_agreement"]) == params.evaluate.ar_draft_tokens
+    assert len(info["top1_agreement"]) == params.train.ar.draft_tokens
     metrics = json.loads((tmp_path / "metrics" / "train_ar.json").read_text())
     assert metrics["steps"] == 30
     assert info["mlflow_run_id"]

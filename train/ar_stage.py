@@ -20,7 +20,7 @@ from train.distill import DrafterRecipe, distill
 
 def ar_recipe(params: Params, verifier, tokenizer, corpus) -> DrafterRecipe:
     cfg, tcfg = params.train.ar, params.train.ar.trainer
-    draft_tokens = params.evaluate.ar_draft_tokens
+    draft_tokens = cfg.draft_tokens
     drafter = build_ar_drafter(cfg, verifier, tokenizer, seed=params.project.seed)
     check_same_vocabulary(drafter, verifier, "AR drafter")
     data = ARDataModule(

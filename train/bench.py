@@ -69,7 +69,7 @@ def measure(params: Params, strategy: str, steps: int, warmup: int) -> float:
     with tempfile.TemporaryDirectory(prefix="draftline-bench-") as scratch:
         trainer = build_trainer(tcfg, checkpoint_dir=Path(scratch), callbacks=[meter], enable_progress_bar=False,
                                 limit_val_batches=0)
-        trainer.fit(ARDistillModule(drafter, verifier, cfg.loss, tcfg, params.evaluate.ar_draft_tokens), datamodule=data)
+        trainer.fit(ARDistillModule(drafter, verifier, cfg.loss, tcfg, params.train.ar.draft_tokens), datamodule=data)
     return meter.tokens_per_s
 
 

@@ -202,7 +202,7 @@ def make_mlflow_logger(params: Params, kind: DrafterKind, checkpoint_dir: Path) 
     marked KILLED when training starts again (the dir is single-writer, so none can still be alive)."""
     checkpoints = str(Path(checkpoint_dir).resolve())
     logger = MLFlowLogger(
-        experiment_name=params.promote.experiment,
+        experiment_name=params.tracking.experiment,
         run_name=f"train_{kind}",
         tracking_uri=tracking_uri(params),
         tags={"draftline.kind": kind, "draftline.stage": "train", TAG_CHECKPOINTS: checkpoints},
