@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import time
 from pathlib import Path
@@ -196,6 +197,7 @@ def _evaluate(model, config: BootstrapConfig, validation: dict[str, torch.Tensor
 # --------------------------------------------------------------------------- loop check
 
 
+@functools.lru_cache(maxsize=1)  # parsing the whole stdlib takes ~10 s; the answer never changes
 def probe_prompts(per_domain: int) -> dict[str, list[str]]:
     """Test-split prompts of the built-in corpus sources (default split), a fixed spread sample."""
     sources = {"code": stdlib_code_prompts(), "text": stdlib_text_prompts()}
