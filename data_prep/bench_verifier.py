@@ -8,9 +8,11 @@ depends on shapes, not on the data) for two configs in the same process:
   thread per core); both use fused AdamW (the unfused one measured within noise of it);
 - configured: `verifier.bootstrap` from params.yaml.
 
-MFU is achieved model FLOP/s over the dense fp32 matmul FLOP/s this machine reaches with all its cores,
-measured in the same process (a peak from the spec sheet means little on a shared or throttled box).
-Tokens per CPU-second is printed too: on a loaded machine it estimates the unloaded single-thread rate.
+MFU is achieved model FLOP/s over the machine's dense fp32 matmul peak: one core's large-matmul FLOPs
+per CPU-second (measured here, so it holds on a shared box too) times the cores. Per CPU-second
+figures are printed too: on a loaded machine they estimate the unloaded single-thread rate.
+Last, the cost ratio speculation depends on: one decode step (batch 1, KV cache) of the configured
+verifier over the same step of a 1-layer model of its width (the AR drafter's shape).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from typing import Sequence
 
 import torch
+from transformers import DynamicCache
 
 from data_prep.bootstrap_verifier import build_model, make_optimizer, torch_threads, train_step
 from pipeline.cli import run_stage, stage_parser
@@ -49,14 +52,15 @@ def training_flops_per_token(config: BootstrapConfig) -> float:
     return 6 * matmul_params + attention_flops
 
 
-def dense_peak_flops(threads: int, size: int = 1024, repeats: int = 20) -> float:
-    with torch_threads(threads):
+def core_peak_flops(size: int = 1024, repeats: int = 20) -> float:
+    """One core's fp32 matmul FLOPs per CPU-second (CPU time: other processes do not dilute it)."""
+    with torch_threads(1):
         a, b = torch.randn(size, size), torch.randn(size, size)
         a @ b
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(repeats):
             a @ b
-        return repeats * 2 * size**3 / (time.perf_counter() - start)
+        return repeats * 2 * size**3 / (time.process_time() - start)
 
 
 def measure(config: BootstrapConfig, threads: int, steps: int, warmup: int, seed: int) -> dict:
@@ -74,23 +78,44 @@ def measure(config: BootstrapConfig, threads: int, steps: int, warmup: int, seed
             train_step(model, optimizer, batch, config)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     tokens = steps * config.batch_size * config.seq_len
+    flops = tokens * training_flops_per_token(config)
     return {"tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu,
-            "flops_per_s": tokens * training_flops_per_token(config) / wall}
+            "flops_per_s": flops / wall, "flops_per_cpu_s": flops / cpu}
+
+
+@torch.inference_mode()
+def decode_seconds(config: BootstrapConfig, threads: int, seed: int, context: int = 128, steps: int = 64) -> float:
+    """Mean seconds of one cached single-token forward after a `context`-token prompt."""
+    with torch_threads(threads):
+        model = build_model(config, _Vocab(config.vocab_size), seed).eval()
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.randint(3, config.vocab_size, (1, context)), cache=cache, use_cache=True)
+        token = torch.tensor([[5]])
+        start = time.perf_counter()
+        for _ in range(steps):
+            model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
+        return (time.perf_counter() - start) / steps
 
 
 def run(params: Params, args: argparse.Namespace) -> None:
     configured = params.verifier.bootstrap
     baseline = configured.model_copy(update=BASELINE_OVERRIDES)
     cores = torch.get_num_threads()
-    peak = dense_peak_flops(cores)
-    info(f"dense fp32 matmul peak with {cores} threads: {peak / 1e9:.1f} GFLOP/s")
+    core_peak = core_peak_flops()
+    info(f"dense fp32 matmul peak: {core_peak / 1e9:.1f} GFLOP/s per core x {cores} cores")
     rows, results = {}, {}
     for name, config, threads in (("baseline", baseline, cores), ("configured", configured, configured.threads)):
         result = results[name] = measure(config, threads, args.steps, args.warmup, params.project.seed)
-        rows[name] = (f"{result['tokens_per_s']:,.0f} tokens/s ({result['tokens_per_cpu_s']:,.0f}/CPU-s), "
-                           f"MFU {result['flops_per_s'] / peak:.1%}, vocab {config.vocab_size}, "
-                           f"{config.batch_size} x {config.seq_len}, {threads} thread(s)")
+        rows[name] = (f"{result['tokens_per_s']:,.0f} tokens/s, MFU {result['flops_per_s'] / (core_peak * cores):.1%}; "
+                      f"per CPU-second {result['tokens_per_cpu_s']:,.0f} tokens, "
+                      f"{result['flops_per_cpu_s'] / core_peak:.0%} of a core's peak; vocab {config.vocab_size}, "
+                      f"{config.batch_size} x {config.seq_len}, {threads} thread(s)")
     rows["speedup (tokens/s)"] = f"{results['configured']['tokens_per_s'] / results['baseline']['tokens_per_s']:.2f}x"
+    drafter = configured.model_copy(update={"num_layers": 1})
+    verifier_step = decode_seconds(configured, configured.threads, params.project.seed)
+    drafter_step = decode_seconds(drafter, configured.threads, params.project.seed)
+    rows["decode step: verifier / 1-layer drafter"] = (
+        f"{verifier_step * 1e3:.2f} ms / {drafter_step * 1e3:.2f} ms = {verifier_step / drafter_step:.1f}x")
     print_summary("verifier training throughput", rows)
 
 
