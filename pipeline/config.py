@@ -42,7 +42,7 @@ class BootstrapConfig(Section):
     """
 
     # Small vocabulary: the LM head and softmax dominate a 128-wide model's cost at 4096 entries.
-    vocab_size: int = Field(2048, ge=300, le=65536)
+    vocab_size: int = Field(1024, ge=300, le=65536)
     # Deep and narrow: a verifier forward must cost clearly more than a 1-2 layer drafter's.
     hidden_size: int = Field(128, ge=16, le=4096)
     num_layers: int = Field(6, ge=2, le=64)
@@ -53,9 +53,9 @@ class BootstrapConfig(Section):
     max_position_embeddings: int = Field(512, ge=64)
     seq_len: int = Field(256, ge=16, le=4096)
     batch_size: int = Field(8, ge=1)
-    max_steps: int = Field(1200, ge=1)
+    max_steps: int = Field(900, ge=1)
     # Guard only: a run past this many seconds of training fails with one line and writes nothing.
-    max_time_s: float = Field(1200.0, gt=0)
+    max_time_s: float = Field(3600.0, gt=0)
     # One thread: on a 2-core box two OpenMP threads on these small ops measured 2-4x slower, and a
     # fixed count keeps the reduction order (hence the weights) the same on any machine.
     threads: int = Field(1, ge=1, le=256)
@@ -64,7 +64,7 @@ class BootstrapConfig(Section):
     learning_rate: float = Field(4e-3, gt=0, lt=1)
     warmup_steps: int = Field(50, ge=0)
     max_corpus_chars: int = Field(3_000_000, ge=10_000)
-    eval_every: int = Field(200, ge=1)
+    eval_every: int = Field(100, ge=1)
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "BootstrapConfig":
