@@ -181,17 +181,19 @@ def train(model: Qwen3ForCausalLM, config: BootstrapConfig, train_stream: torch.
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     tokens = config.max_steps * config.batch_size * config.seq_len
     # per CPU-second as well: on a shared machine it says what an unloaded run would take
-    return {"steps": config.max_steps, "train_seconds": round(seconds, 1), "train_cpu_seconds": round(cpu_seconds, 1),
-            "tokens": tokens, "tokens_per_second": round(tokens / seconds),
-            "tokens_per_cpu_second": round(tokens / cpu_seconds), "history": history}
+    info(f"trained {tokens:,} tokens in {seconds:.0f} s: {tokens / seconds:,.0f} tokens/s, "
+         f"{tokens / cpu_seconds:,.0f} per CPU-second")
+    return {"steps": config.max_steps, "tokens": tokens, "history": history,
+            "timing": {"train_seconds": round(seconds, 1), "tokens_per_second": round(tokens / seconds),
+                       "tokens_per_cpu_second": round(tokens / cpu_seconds)}}
 
 
 def _evaluate(model, config: BootstrapConfig, validation: dict[str, torch.Tensor], step: int,
               running: float, start: float) -> dict:
+    """Losses only: everything in bootstrap.json is a function of the params, so the dir hash is too."""
     losses = {domain: round(mean_loss(model, windows, config.batch_size), 4) for domain, windows in validation.items()}
-    entry = {"step": step, "train_loss": round(running, 4), "seconds": round(time.perf_counter() - start, 1),
-             **{f"val_loss_{domain}": value for domain, value in losses.items()}}
-    info(f"step {step}: train loss {running:.3f}, " +
+    entry = {"step": step, "train_loss": round(running, 4), **{f"val_loss_{domain}": value for domain, value in losses.items()}}
+    info(f"step {step} ({time.perf_counter() - start:.0f} s): train loss {running:.3f}, " +
          ", ".join(f"val loss {domain} {value:.3f}" for domain, value in losses.items()))
     return entry
 
@@ -274,6 +276,7 @@ def bootstrap(params: Params, paths: ArtifactPaths) -> None:
         model = build_model(config, tokenizer, seed)
         result = train(model, config, train_stream, validation, seed)
         loops = loop_check(model, tokenizer, probe_prompts(PROBE_PROMPTS_PER_DOMAIN))
+    timing = result.pop("timing")  # printed, not saved: wall time would make every run's hash differ
     final = result["history"][-1]
     checks = targets(final, loops)
     with atomic_dir(paths.verifier) as tmp:
@@ -287,11 +290,11 @@ def bootstrap(params: Params, paths: ArtifactPaths) -> None:
         "parameters": f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M",
         "layers x width": f"{config.num_layers} x {config.hidden_size}",
         "steps": result["steps"], "train tokens": f"{result['tokens']:,}",
-        "train tokens/s": f"{result['tokens_per_second']:,} ({result['tokens_per_cpu_second']:,} per CPU-second)",
+        "train tokens/s": f"{timing['tokens_per_second']:,} ({timing['tokens_per_cpu_second']:,} per CPU-second)",
         "train loss": final["train_loss"],
         **{name.replace("_", " "): f"{check['value']} (target {check['target']}: {'met' if check['met'] else 'MISSED'})"
            for name, check in checks.items()},
-        "train seconds": result["train_seconds"], "stage seconds": round(time.perf_counter() - stage_start, 1),
+        "train seconds": timing["train_seconds"], "stage seconds": round(time.perf_counter() - stage_start, 1),
         "id": record["id"], "output": str(paths.verifier),
     })
 

@@ -96,14 +96,18 @@ def _weights_digest(directory: Path) -> str:
     return hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()
 
 
-def test_same_params_give_bitwise_identical_weights(tmp_path):
-    digests = []
+def test_same_params_give_bitwise_identical_weights_and_directory(tmp_path):
+    digests, records = [], []
     for run in ("first", "second"):
         (tmp_path / run).mkdir()
         params = write_params(tmp_path / run, {"bootstrap": {**TINY_BOOTSTRAP, "max_steps": 4, "eval_every": 4}})
         assert bootstrap_verifier.main(["--params", str(params)]) == 0
-        digests.append(_weights_digest(tmp_path / run / "artifacts" / "verifier"))
+        directory = tmp_path / run / "artifacts" / "verifier"
+        digests.append(_weights_digest(directory))
+        records.append(json.loads((directory / "verifier.json").read_text()))
     assert digests[0] == digests[1]
+    # the whole directory (tokenizer, config, bootstrap.json: no wall times in it) hashes the same
+    assert records[0]["hash"] == records[1]["hash"]
     # and the seed matters: a different one gives different weights
     (tmp_path / "seed").mkdir()
     params = write_params(tmp_path / "seed", {"bootstrap": {**TINY_BOOTSTRAP, "max_steps": 4, "eval_every": 4}})
