@@ -1,28 +1,33 @@
 """Stage `bootstrap_verifier`: train the offline demo verifier, or record an external one.
 
 `verifier.source: bootstrap` trains a byte-level BPE tokenizer and a small `Qwen3ForCausalLM` on the
-standard library's source and documentation within a step and wall-time budget, and saves a normal
-HF checkpoint dir. `verifier.source: hf` only checks that the named local model loads and records its
-path and content hash (no copy).
+standard library's source and documentation for a fixed number of steps from a fixed seed (same
+params, same weights), checks its greedy continuations of held-in test prompts for loops, and saves
+a normal HF checkpoint dir. `verifier.source: hf` only checks that the named local model loads and
+records its path and content hash (no copy).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import math
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
+from data_prep.generate import generate_batch
+from data_prep.sources import split_of, stable_hash, stdlib_code_prompts, stdlib_text_prompts
 from data_prep.stdlib_text import collect_stdlib_texts
 from data_prep.tokenizer import train_bpe_tokenizer
 from data_prep.verifier import load_model_and_tokenizer, write_record
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import BootstrapConfig, Params, VerifierConfig
+from pipeline.config import BootstrapConfig, Params, SplitConfig, VerifierConfig
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
@@ -32,6 +37,13 @@ VALIDATION_BATCHES = 4
 # Prose paragraphs are grouped into documents so EOS is rare in prose, as in real text: with one
 # paragraph per document the verifier learns to stop after a sentence or two and text drafts starve.
 PARAGRAPHS_PER_DOCUMENT = 8
+# The quality bar of the demo verifier (issue 15): below it, drafters mostly learn to copy loops.
+TARGET_VAL_LOSS = 4.0
+TARGET_DISTINCT_4GRAM = 0.5
+# Loop check: greedy continuations of the corpus's default test-split prompts, as build_corpus sees them.
+PROBE_PROMPTS_PER_DOMAIN = 16
+PROBE_PROMPT_TOKENS = 96
+PROBE_NEW_TOKENS = 64
 
 
 # --------------------------------------------------------------------------- data
@@ -50,9 +62,18 @@ def token_streams(docs: list[str], tokenizer: PreTrainedTokenizerBase, seq_len: 
     return tensor[:-held_out], tensor[-held_out:]
 
 
-def random_windows(stream: torch.Tensor, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
-    starts = torch.randint(0, len(stream) - length, (batch,), generator=generator)
-    return torch.stack([stream[start : start + length] for start in starts.tolist()])
+def training_batches(stream: torch.Tensor, batch: int, length: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Endless batches of non-overlapping windows, each window once per epoch in a seeded order.
+
+    Epoch e starts its windows at a seeded offset, so later epochs cut the stream at new places.
+    """
+    while True:
+        offset = int(torch.randint(0, length, (1,), generator=generator))
+        count = (len(stream) - offset) // length
+        windows = stream[offset : offset + count * length].view(count, length)
+        order = torch.randperm(count, generator=generator)
+        for first in range(0, count - batch + 1, batch):
+            yield windows[order[first : first + batch]]
 
 
 def fixed_windows(stream: torch.Tensor, count: int, length: int) -> torch.Tensor:
@@ -84,11 +105,41 @@ def build_model(config: BootstrapConfig, tokenizer: PreTrainedTokenizerBase, see
     return Qwen3ForCausalLM(model_config)
 
 
-def learning_rate(config: BootstrapConfig, step: int, progress_fraction: float) -> float:
-    """Linear warmup, then cosine to 10% over whichever budget (steps or wall time) runs out first."""
+def learning_rate(config: BootstrapConfig, step: int) -> float:
+    """Linear warmup, then cosine to 10% exactly at `max_steps`."""
     if step < config.warmup_steps:
         return config.learning_rate * (step + 1) / config.warmup_steps
-    return config.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress_fraction))))
+    span = max(1, config.max_steps - config.warmup_steps)
+    fraction = min(1.0, (step - config.warmup_steps) / span)
+    return config.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
+
+
+def make_optimizer(model: torch.nn.Module, config: BootstrapConfig) -> torch.optim.AdamW:
+    # fused: one kernel over all parameters instead of a dozen small ops per tensor
+    return torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95),
+                             weight_decay=0.1, fused=True)
+
+
+def train_step(model: Qwen3ForCausalLM, optimizer: torch.optim.Optimizer, batch: torch.Tensor,
+               config: BootstrapConfig) -> float:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast_bf16):
+        loss = model(input_ids=batch, labels=batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run with `count` intra-op threads, then restore the caller's setting."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 @torch.no_grad()
@@ -101,49 +152,102 @@ def mean_loss(model: Qwen3ForCausalLM, windows: torch.Tensor, batch_size: int) -
 
 def train(model: Qwen3ForCausalLM, config: BootstrapConfig, train_stream: torch.Tensor,
           validation: dict[str, torch.Tensor], seed: int) -> dict:
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
+    """Exactly `max_steps` steps; past `max_time_s` it raises instead of returning a shorter run."""
+    batches = training_batches(train_stream, config.batch_size, config.seq_len, torch.Generator().manual_seed(seed))
+    optimizer = make_optimizer(model, config)
     model.train()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     history: list[dict] = []
     running = None
-    step = 0
     bar = progress(desc="bootstrap verifier", total=config.max_steps, unit="step")
-    while step < config.max_steps:
+    for step in range(1, config.max_steps + 1):
         elapsed = time.perf_counter() - start
-        if elapsed >= config.time_budget_s:
-            break
-        fraction = max(step / config.max_steps, elapsed / config.time_budget_s)
+        if elapsed > config.max_time_s:
+            bar.close()
+            raise DraftlineError(
+                f"bootstrap verifier: {step - 1} of {config.max_steps} steps took {elapsed:.0f} s, over "
+                f"verifier.bootstrap.max_time_s={config.max_time_s:g}; lower max_steps or raise max_time_s"
+            )
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(config, step, fraction)
-        batch = random_windows(train_stream, config.batch_size, config.seq_len, generator)
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
+            group["lr"] = learning_rate(config, step - 1)
+        loss = train_step(model, optimizer, next(batches), config)
+        running = loss if running is None else 0.95 * running + 0.05 * loss
         bar.update(1)
         bar.set_postfix(loss=f"{running:.3f}")
-        if step % config.eval_every == 0:
+        if step % config.eval_every == 0 or step == config.max_steps:
             history.append(_evaluate(model, config, validation, step, running, start))
     bar.close()
-    if not history or history[-1]["step"] != step:
-        history.append(_evaluate(model, config, validation, step, running, start))
     model.eval()
-    return {"steps": step, "train_seconds": round(time.perf_counter() - start, 1),
-            "tokens": step * config.batch_size * config.seq_len, "history": history}
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    tokens = config.max_steps * config.batch_size * config.seq_len
+    # per CPU-second as well: on a shared machine it says what an unloaded run would take
+    info(f"trained {tokens:,} tokens in {seconds:.0f} s: {tokens / seconds:,.0f} tokens/s, "
+         f"{tokens / cpu_seconds:,.0f} per CPU-second")
+    return {"steps": config.max_steps, "tokens": tokens, "history": history,
+            "timing": {"train_seconds": round(seconds, 1), "tokens_per_second": round(tokens / seconds),
+                       "tokens_per_cpu_second": round(tokens / cpu_seconds)}}
 
 
 def _evaluate(model, config: BootstrapConfig, validation: dict[str, torch.Tensor], step: int,
               running: float, start: float) -> dict:
+    """Losses only: everything in bootstrap.json is a function of the params, so the dir hash is too."""
     losses = {domain: round(mean_loss(model, windows, config.batch_size), 4) for domain, windows in validation.items()}
-    entry = {"step": step, "train_loss": round(running, 4), "seconds": round(time.perf_counter() - start, 1),
-             **{f"val_loss_{domain}": value for domain, value in losses.items()}}
-    info(f"step {step}: train loss {running:.3f}, " +
+    entry = {"step": step, "train_loss": round(running, 4), **{f"val_loss_{domain}": value for domain, value in losses.items()}}
+    info(f"step {step} ({time.perf_counter() - start:.0f} s): train loss {running:.3f}, " +
          ", ".join(f"val loss {domain} {value:.3f}" for domain, value in losses.items()))
     return entry
+
+
+# --------------------------------------------------------------------------- loop check
+
+
+@functools.lru_cache(maxsize=1)  # parsing the whole stdlib takes ~10 s; the answer never changes
+def probe_prompts(per_domain: int) -> dict[str, list[str]]:
+    """Test-split prompts of the built-in corpus sources (default split), a fixed spread sample."""
+    sources = {"code": stdlib_code_prompts(), "text": stdlib_text_prompts()}
+    chosen = {}
+    for domain, prompts in sources.items():
+        test = [text for text in dict.fromkeys(prompts) if split_of(text, SplitConfig()) == "test"]
+        chosen[domain] = sorted(test, key=lambda text: stable_hash(text, "verifier-probe"))[:per_domain]
+    return chosen
+
+
+def distinct_4gram_ratio(sequences: list[list[int]]) -> float:
+    """Distinct 4-grams over all 4-grams, pooled over the sequences (each counted within itself)."""
+    distinct = total = 0
+    for tokens in sequences:
+        grams = [tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)]
+        distinct += len(set(grams))
+        total += len(grams)
+    return distinct / total if total else 0.0
+
+
+def loop_check(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerBase, prompts: dict[str, list[str]]) -> dict:
+    """Per domain: distinct-4gram ratio of greedy continuations (EOS excluded) and two samples."""
+    result = {}
+    for domain, texts in prompts.items():
+        ids = [tokenizer(text, add_special_tokens=False)["input_ids"][-PROBE_PROMPT_TOKENS:] for text in texts]
+        outputs = generate_batch(model, ids, max_new_tokens=PROBE_NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
+                                 pad_token_id=tokenizer.pad_token_id)
+        responses = [[t for t in out.response_ids if t != tokenizer.eos_token_id] for out in outputs]
+        result[domain] = {
+            "prompts": len(texts),
+            "distinct_4gram": round(distinct_4gram_ratio(responses), 4),
+            "mean_new_tokens": round(sum(map(len, responses)) / max(1, len(responses)), 1),
+            "samples": [{"prompt": text[-200:], "continuation": tokenizer.decode(response)}
+                        for text, response in zip(texts[:2], responses[:2])],
+        }
+    return result
+
+
+def targets(final: dict, loops: dict) -> dict:
+    checks = {}
+    for domain in loops:
+        loss, ratio = final[f"val_loss_{domain}"], loops[domain]["distinct_4gram"]
+        checks[f"val_loss_{domain}"] = {"value": loss, "target": f"<= {TARGET_VAL_LOSS}", "met": loss <= TARGET_VAL_LOSS}
+        checks[f"distinct_4gram_{domain}"] = {"value": ratio, "target": f">= {TARGET_DISTINCT_4GRAM}",
+                                              "met": ratio >= TARGET_DISTINCT_4GRAM}
+    return checks
 
 
 # --------------------------------------------------------------------------- stage
@@ -153,7 +257,6 @@ def bootstrap(params: Params, paths: ArtifactPaths) -> None:
     config = params.verifier.bootstrap
     seed = params.project.seed
     stage_start = time.perf_counter()
-    torch.manual_seed(seed)
     texts = collect_stdlib_texts(config.max_corpus_chars)
     info(f"stdlib text: {len(texts.code)} code chunks, {len(texts.prose)} prose paragraphs, {texts.chars:,} chars")
     tokenizer = train_bpe_tokenizer(texts.code + texts.prose, config.vocab_size)
@@ -168,22 +271,30 @@ def bootstrap(params: Params, paths: ArtifactPaths) -> None:
     validation = {"code": fixed_windows(code_val, windows, config.seq_len),
                   "text": fixed_windows(prose_val, windows, config.seq_len)}
     info(f"tokens: {len(train_stream):,} train, {len(code_val) + len(prose_val):,} validation "
-         f"(vocab {len(tokenizer)})")
-    model = build_model(config, tokenizer, seed)
-    result = train(model, config, train_stream, validation, seed)
+         f"(vocab {len(tokenizer)}); {config.max_steps} steps of {config.batch_size} x {config.seq_len}")
+    with torch_threads(config.threads):
+        model = build_model(config, tokenizer, seed)
+        result = train(model, config, train_stream, validation, seed)
+        loops = loop_check(model, tokenizer, probe_prompts(PROBE_PROMPTS_PER_DOMAIN))
+    timing = result.pop("timing")  # printed, not saved: wall time would make every run's hash differ
     final = result["history"][-1]
+    checks = targets(final, loops)
     with atomic_dir(paths.verifier) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        write_json_atomic(tmp / "bootstrap.json", {"params": config.model_dump(mode="json"), **result})
+        write_json_atomic(tmp / "bootstrap.json", {"params": config.model_dump(mode="json"), **result,
+                                                   "loop_check": loops, "targets": checks})
         record = write_record(tmp, source="bootstrap", name_or_path=str(paths.verifier),
                               id_prefix=f"bootstrap-qwen3-{config.num_layers}l{config.hidden_size}d")
     print_summary("bootstrap_verifier", {
         "parameters": f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M",
         "layers x width": f"{config.num_layers} x {config.hidden_size}",
         "steps": result["steps"], "train tokens": f"{result['tokens']:,}",
-        "train loss": final["train_loss"], "val loss code": final["val_loss_code"],
-        "val loss text": final["val_loss_text"], "stage seconds": round(time.perf_counter() - stage_start, 1),
+        "train tokens/s": f"{timing['tokens_per_second']:,} ({timing['tokens_per_cpu_second']:,} per CPU-second)",
+        "train loss": final["train_loss"],
+        **{name.replace("_", " "): f"{check['value']} (target {check['target']}: {'met' if check['met'] else 'MISSED'})"
+           for name, check in checks.items()},
+        "train seconds": timing["train_seconds"], "stage seconds": round(time.perf_counter() - stage_start, 1),
         "id": record["id"], "output": str(paths.verifier),
     })
 
