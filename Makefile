@@ -50,8 +50,12 @@ test: $(STAMP) $(SERVE_STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
+# Every speed claim, each as a ratio against a baseline run in the same process (needs `make demo` first).
 bench: $(STAMP)
+	$(BIN)/python -m data_prep.bench_verifier
 	$(BIN)/python -m data_prep.bench
+	$(BIN)/python -m train.bench
+	$(BIN)/python -m serve_eval.bench
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
