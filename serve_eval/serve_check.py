@@ -170,8 +170,7 @@ def classify_error(error: str) -> str:
     return "skipped" if any(marker in error for marker in SKIP_MARKERS) else "failed"
 
 
-def check_drafter(kind: str, job: dict, result: dict, baseline: dict, generations: dict | None,
-                  max_gap: float) -> dict:
+def check_drafter(job: dict, result: dict, baseline: dict, generations: dict | None, max_gap: float) -> dict:
     entry = {"status": "passed", "reason": None, "speculative_config": job["speculative_config"],
              "engine_start_s": result.get("engine_start_s"), "log": result.get("log"), "domains": {}}
     if result.get("error"):
@@ -245,7 +244,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     loaded = [kind for kind in jobs if not results[kind].get("error")]
     generations = draftline_runs(params, paths, loaded, prompts) if loaded else {}
     for kind, job in jobs.items():
-        report["drafters"][kind] = check_drafter(kind, job, results[kind], baseline, generations.get(kind),
+        report["drafters"][kind] = check_drafter(job, results[kind], baseline, generations.get(kind),
                                                  config.max_tau_gap)
     return finish(report, paths)
 

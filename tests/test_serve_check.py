@@ -47,7 +47,7 @@ def test_identical_outputs_and_agreeing_tau_pass():
     # (its last step, cut to 1 draft by max_new_tokens, is not counted: vLLM would have drafted K)
     result = {"error": None, "engine_start_s": 3.0, "domains": {"code": vllm_domain([[5, 6, 7, 8]], 2, 6, 3)}}
     ours = {"code": [generation([5, 6, 7, 8], [(3, 2), (3, 1), (1, 0)])]}
-    entry = serve_check.check_drafter("ar", JOB, result, BASELINE, ours, max_gap=0.15)
+    entry = serve_check.check_drafter(JOB, result, BASELINE, ours, max_gap=0.15)
     assert entry["status"] == "passed" and entry["reason"] is None
     record = entry["domains"]["code"]
     assert record["outputs_identical"] and record["vllm"]["tau"] == 2.5 and record["draftline"]["tau"] == 2.5
@@ -57,26 +57,26 @@ def test_identical_outputs_and_agreeing_tau_pass():
 
 def test_mismatch_no_drafts_and_tau_gap_fail():
     mismatch = {"error": None, "domains": {"code": vllm_domain([[5, 6, 9, 9]], 2, 6, 3)}}
-    entry = serve_check.check_drafter("ar", JOB, mismatch, BASELINE, None, max_gap=0.15)
+    entry = serve_check.check_drafter(JOB, mismatch, BASELINE, None, max_gap=0.15)
     assert entry["status"] == "failed" and "outputs differ" in entry["reason"] and "1/1" in entry["reason"]
 
     silent = {"error": None, "domains": {"code": vllm_domain([[5, 6, 7, 8]])}}
-    entry = serve_check.check_drafter("ar", JOB, silent, BASELINE, None, max_gap=0.15)
+    entry = serve_check.check_drafter(JOB, silent, BASELINE, None, max_gap=0.15)
     assert entry["status"] == "failed" and "proposed no drafts" in entry["reason"]
 
     # vLLM accepts nothing (tau 1.0) where draftline accepts everything (tau 4.0): a dropped weight looks like this
     gap = {"error": None, "domains": {"code": vllm_domain([[5, 6, 7, 8]], 3, 9, 0)}}
     ours = {"code": [generation([5, 6, 7, 8], [(3, 3)])]}
-    entry = serve_check.check_drafter("ar", JOB, gap, BASELINE, ours, max_gap=0.15)
+    entry = serve_check.check_drafter(JOB, gap, BASELINE, ours, max_gap=0.15)
     assert entry["status"] == "failed" and "gap 75.0%" in entry["reason"]
 
 
 def test_vllm_errors_fail_or_skip_with_their_first_line():
     unsupported = {"error": "RuntimeError: Unsupported CPU attention configuration: head_dim=8", "domains": {}}
-    entry = serve_check.check_drafter("block", JOB, unsupported, BASELINE, None, max_gap=0.15)
+    entry = serve_check.check_drafter(JOB, unsupported, BASELINE, None, max_gap=0.15)
     assert entry["status"] == "skipped" and "head_dim=8" in entry["reason"]
     broken = {"error": "KeyError: 'fc.weight'", "domains": {}}
-    assert serve_check.check_drafter("block", JOB, broken, BASELINE, None, 0.15)["status"] == "failed"
+    assert serve_check.check_drafter(JOB, broken, BASELINE, None, 0.15)["status"] == "failed"
 
 
 # --------------------------------------------------------------------------- promote
