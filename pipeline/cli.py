@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("train.stage", "distill a drafter (`--drafter ar|block`)"),
     "export": ("export.stage", "serving checkpoints, ONNX with parity, TensorRT engines"),
     "evaluate": ("serve_eval.evaluate", "speculative decoding evaluation on the corpus test split"),
+    "serve_check": ("serve_eval.serve_check", "run the exported drafters in vLLM (the serve env) against no speculation"),
     "promote": ("pipeline.promote", "register evaluated drafters in MLflow and run the promotion gate"),
     "generate": ("serve_eval.generate", "one speculative generation with accepted tokens highlighted"),
     "registry": ("pipeline.registry_cli", "inspect the MLflow registry and promote by hand"),

@@ -10,7 +10,8 @@ spec-decode counters and the τ computed from them, vLLM tokens/s with and witho
 draftline's own τ on the same prompts, decoded here with `serve_eval.decoding`.
 
 τ is compared in vLLM's definition: 1 + accepted drafts per drafting step (bonus token included;
-the prefill step, which drafts nothing in vLLM, is left out on both sides). A drafter fails when it
+the prefill step, which drafts nothing in vLLM, is left out on both sides, and so are draftline's
+steps cut short by max_new_tokens, which vLLM drafts in full). A drafter fails when it
 does not load, its outputs differ, vLLM proposed nothing, or the two τ differ by more than
 `serve_check.max_tau_gap`; it is `skipped` when vLLM's CPU kernels cannot run the model. A failing
 drafter never fails the stage; `serve_check.required` makes `promote` refuse it.
@@ -48,7 +49,8 @@ DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION = (
     "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
     "vllm:spec_decode_num_accepted_tokens_per_pos")
 TAU_DEFINITION = ("1 + accepted draft tokens per drafting step (bonus/correction token included; vLLM's "
-                  "prefill step, which drafts nothing, is not counted on either side)")
+                  "prefill step, which drafts nothing, and draftline's steps cut short by max_new_tokens are not "
+                  "counted)")
 
 
 # --------------------------------------------------------------------------- vLLM engines
@@ -111,8 +113,10 @@ def draftline_runs(params: Params, paths: ArtifactPaths, kinds: list[str],
     return runs
 
 
-def draftline_metrics(generations: list) -> dict:
-    drafting = [step for g in generations for step in g.steps if step.drafted]
+def draftline_metrics(generations: list, k: int) -> dict:
+    """τ over the steps that drafted the full k: near max_new_tokens draftline drafts fewer, while vLLM
+    drafts k anyway and counts acceptances past the limit, so the cut steps would bias the comparison."""
+    drafting = [step for g in generations for step in g.steps if step.drafted == k]
     accepted = sum(step.accepted for step in drafting)
     drafted = sum(step.drafted for step in drafting)
     forwards = sum(g.verifier_forwards for g in generations)
@@ -137,14 +141,15 @@ def vllm_metrics(domain: dict, baseline: dict) -> dict:
             "speedup": tokens_per_s / max(baseline_tokens_per_s, 1e-9)}
 
 
-def compare_domain(result: dict, baseline: dict, generations: list | None, max_gap: float) -> tuple[dict, str | None]:
+def compare_domain(result: dict, baseline: dict, generations: list | None, k: int,
+                   max_gap: float) -> tuple[dict, str | None]:
     """One drafter x domain: (record, failure reason or None)."""
     ours, reference = result["outputs"], baseline["outputs"]
     mismatched = sum(a != b for a, b in zip(ours, reference)) + abs(len(ours) - len(reference))
     record = {"prompts": len(reference), "outputs_identical": mismatched == 0, "mismatched_prompts": mismatched,
               "vllm": vllm_metrics(result, baseline)}
     if generations is not None:
-        record["draftline"] = draftline_metrics(generations)
+        record["draftline"] = draftline_metrics(generations, k)
         # equal outputs expected too, but fp32 kernels may flip a near-tie: reported, not gated
         record["draftline_same_outputs"] = sum(g.new_ids == ids for g, ids in zip(generations, ours))
     vllm_tau = record["vllm"]["tau"]
@@ -165,8 +170,7 @@ def classify_error(error: str) -> str:
     return "skipped" if any(marker in error for marker in SKIP_MARKERS) else "failed"
 
 
-def check_drafter(kind: str, job: dict, result: dict, baseline: dict, generations: dict | None,
-                  max_gap: float) -> dict:
+def check_drafter(job: dict, result: dict, baseline: dict, generations: dict | None, max_gap: float) -> dict:
     entry = {"status": "passed", "reason": None, "speculative_config": job["speculative_config"],
              "engine_start_s": result.get("engine_start_s"), "log": result.get("log"), "domains": {}}
     if result.get("error"):
@@ -174,7 +178,8 @@ def check_drafter(kind: str, job: dict, result: dict, baseline: dict, generation
     reasons = []
     for domain, base in baseline["domains"].items():
         record, reason = compare_domain(result["domains"][domain], base,
-                                        generations.get(domain) if generations else None, max_gap)
+                                        generations.get(domain) if generations else None,
+                                        int(job["speculative_config"]["num_speculative_tokens"]), max_gap)
         entry["domains"][domain] = record
         if reason:
             reasons.append(f"{domain}: {reason}")
@@ -239,7 +244,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     loaded = [kind for kind in jobs if not results[kind].get("error")]
     generations = draftline_runs(params, paths, loaded, prompts) if loaded else {}
     for kind, job in jobs.items():
-        report["drafters"][kind] = check_drafter(kind, job, results[kind], baseline, generations.get(kind),
+        report["drafters"][kind] = check_drafter(job, results[kind], baseline, generations.get(kind),
                                                  config.max_tau_gap)
     return finish(report, paths)
 
