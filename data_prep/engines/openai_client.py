@@ -25,6 +25,7 @@ from pipeline.config import CorpusConfig
 from pipeline.errors import DraftlineError
 
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
+BACKOFF_S = 1.0  # first retry waits this long, each next one twice as long
 MAX_BACKOFF_S = 30.0
 # Tokenised by the server and here: a server serving another model (another tokenizer) is caught at start.
 TOKENIZER_PROBE = "def probe(x):\n    return x + 1  # The quick brown fox jumps over the lazy dog."
@@ -93,7 +94,7 @@ class OpenAIEngine:
                 cause = getattr(error, "reason", None) or error
                 reason = str(cause).strip() or type(cause).__name__
             if attempt < self.retries:
-                time.sleep(min(2.0**attempt, MAX_BACKOFF_S))
+                time.sleep(min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S))
         raise EndpointDown(
             f"endpoint {url} is down ({reason}; {self.retries + 1} attempts over {time.monotonic() - start:.0f} s); "
             "finished shards are kept: rerun build_corpus when the server is back"
