@@ -468,9 +468,9 @@ def test_openai_endpoint_killed_mid_run_then_resumed(tmp_path, monkeypatch):
                           engine="openai", endpoints=["http://127.0.0.1:9/v1"], concurrency=1, retries=1)
     shards = tmp_path / "artifacts" / "corpus_shards"
 
-    def with_endpoint(url: str) -> None:
+    def with_endpoint(url: str, concurrency: int = 1) -> None:
         data = yaml.safe_load(params.read_text())
-        data["corpus"]["endpoints"] = [url]
+        data["corpus"].update(endpoints=[url], concurrency=concurrency)
         params.write_text(yaml.safe_dump(data))
 
     with vllm_server(str(verifier), server_config, dtype="float32", log_path=log) as server:
@@ -489,7 +489,7 @@ def test_openai_endpoint_killed_mid_run_then_resumed(tmp_path, monkeypatch):
     assert not (tmp_path / "artifacts" / "corpus").exists()
 
     with vllm_server(str(verifier), server_config, dtype="float32", log_path=log) as server:  # back, on a new port
-        with_endpoint(server.url)
+        with_endpoint(server.url, concurrency=16)  # how the engine is reached does not void finished shards
         process = stage(params)
         _, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stderr
