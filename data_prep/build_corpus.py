@@ -265,13 +265,18 @@ def run(params: Params, args: argparse.Namespace) -> None:
     shard_count = -(-len(items) // config.shard_size)
     info(f"{len(items)} prompts in {shard_count} shards of {config.shard_size} (fingerprint {key}, engine {config.engine})")
     generation_start = time.perf_counter()
+    startup_seconds = 0.0  # a server's start is not generation: tokens/s leaves it out
     with contextlib.ExitStack() as stack:
         def start_engine() -> Engine:
-            return stack.enter_context(open_engine(config, model_location=location, dtype=params.verifier.dtype,
-                                                   tokenizer=tokenizer, log_dir=paths.corpus_shards, model=model))
+            nonlocal startup_seconds
+            begin = time.perf_counter()
+            engine = stack.enter_context(open_engine(config, model_location=location, dtype=params.verifier.dtype,
+                                                     tokenizer=tokenizer, log_dir=paths.corpus_shards, model=model))
+            startup_seconds = time.perf_counter() - begin
+            return engine
 
         rows, reused, engines = generate_all(start_engine, config, items, shard_dir, key)
-        generation_seconds = time.perf_counter() - generation_start
+        generation_seconds = time.perf_counter() - generation_start - startup_seconds
     stats = corpus_stats(rows)
     stats.update({
         "verifier": identity, "fingerprint": key,
@@ -294,6 +299,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
         "finish eos / length": f"{stats['finish_reasons'].get('eos', 0)} / {stats['finish_reasons'].get('length', 0)}",
         "shards reused": f"{reused} / {shard_count}",
         "engine": ", ".join(f"{e['name']} {e.get('version', '')}".strip() for e in engines),
+        "engine start seconds": round(startup_seconds, 1),
         "decode->encode mismatches": stats["roundtrip_mismatches"],
         "generation tokens/s": round(stats["response_tokens"] / max(generation_seconds, 1e-9), 1) if reused < shard_count else "n/a (all reused)",
         "stage seconds": round(time.perf_counter() - start, 1),

@@ -259,7 +259,9 @@ def test_serve_command_carries_the_engine_arguments():
                      "--tensor-parallel-size 4", "--data-parallel-size 2", "--max-model-len 4096",
                      "--gpu-memory-utilization 0.8", "--dtype bfloat16", "--generation-config vllm"):
         assert expected in line
-    assert command[-1] == "--enable-prefix-caching"
+    assert command[-1] == "--enable-prefix-caching" and "--no-enable-chunked-prefill" not in command
+    # on CPU, seeded sampling needs unchunked prefill (vLLM's CPU generators cannot rewind)
+    assert "--no-enable-chunked-prefill" in serve_command(Path("p"), "m", config, dtype="float32", port=1, cpu=True)
 
 
 def test_runtime_settings_do_not_invalidate_finished_shards():

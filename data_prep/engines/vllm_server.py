@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,7 +43,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_command(python: Path, model: str, config: VllmConfig, *, dtype: str, port: int) -> list[str]:
+def on_cpu() -> bool:
+    """No NVIDIA driver tool: the serve env holds vLLM's CPU build (as `make serve-env` decides too)."""
+    return shutil.which("nvidia-smi") is None
+
+
+# vLLM's CPU runner crashes ("CPU Generator does not use offset") when a seeded request is in a
+# chunked (partial) prefill: it rewinds the request's generator the CUDA way. Without chunked
+# prefill no prefill is partial, so per-prompt seeds work.
+CPU_SEEDED_SAMPLING_ARGS = ["--no-enable-chunked-prefill"]
+
+
+def serve_command(python: Path, model: str, config: VllmConfig, *, dtype: str, port: int,
+                  cpu: bool = False) -> list[str]:
     return [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
         "--served-model-name", "verifier", "--host", "127.0.0.1", "--port", str(port),
@@ -53,6 +66,7 @@ def serve_command(python: Path, model: str, config: VllmConfig, *, dtype: str, p
         # sampling exactly as each request says, not the model's generation_config.json defaults
         "--generation-config", "vllm",
         *(["--max-model-len", str(config.max_model_len)] if config.max_model_len else []),
+        *(CPU_SEEDED_SAMPLING_ARGS if cpu else []),
         *config.extra_args,
     ]
 
@@ -141,7 +155,7 @@ def vllm_server(model: str, config: VllmConfig, *, dtype: str, log_path: Path) -
             "(or point DRAFTLINE_SERVE_PYTHON at a python with vllm installed)"
         )
     port = free_port()
-    command = serve_command(python, model, config, dtype=dtype, port=port)
+    command = serve_command(python, model, config, dtype=dtype, port=port, cpu=on_cpu())
     # The serve env stands alone: our PYTHONPATH (draftline, its pins) must not leak into it.
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
