@@ -161,8 +161,10 @@ def generate_shard(engine: Engine, config: CorpusConfig, items: list[WorkItem], 
 
 
 def generate_all(start_engine, config: CorpusConfig, items: list[WorkItem], shard_dir: Path,
-                 key: str) -> tuple[list[dict], int, list[dict]]:
-    """Rows for every item, reusing committed shards; returns (rows, shards reused, engines that made them).
+                 key: str) -> tuple[list[dict], int, list[dict], int]:
+    """Rows for every item, reusing committed shards.
+
+    Returns (rows, shards reused, the engines that made the shards, response tokens generated now).
 
     `start_engine()` is called only when a shard is left to generate: a full resume starts no server.
     """
@@ -171,6 +173,7 @@ def generate_all(start_engine, config: CorpusConfig, items: list[WorkItem], shar
     reused = 0
     engines: list[dict] = []
     engine = None
+    generated_tokens = 0
     bar = progress(desc="build corpus", total=len(items), unit="prompt")
     for index, shard in enumerate(shards):
         path = shard_path(shard_dir, index)
@@ -186,10 +189,11 @@ def generate_all(start_engine, config: CorpusConfig, items: list[WorkItem], shar
             shard_rows = generate_shard(engine, config, shard, bar)
             write_json_atomic(path, {"fingerprint": key, "index": index, "engine": description, "rows": shard_rows})
             rows.extend(shard_rows)
+            generated_tokens += sum(len(row["response_ids"]) for row in shard_rows)
         if description not in engines:
             engines.append(description)
     bar.close()
-    return rows, reused, engines
+    return rows, reused, engines, generated_tokens
 
 
 def prepare_shard_dir(root: Path, key: str) -> Path:
@@ -275,7 +279,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
             startup_seconds = time.perf_counter() - begin
             return engine
 
-        rows, reused, engines = generate_all(start_engine, config, items, shard_dir, key)
+        rows, reused, engines, generated_tokens = generate_all(start_engine, config, items, shard_dir, key)
         generation_seconds = time.perf_counter() - generation_start - startup_seconds
     stats = corpus_stats(rows)
     stats.update({
@@ -298,10 +302,10 @@ def run(params: Params, args: argparse.Namespace) -> None:
         "mean response length": stats["mean_response_length"],
         "finish eos / length": f"{stats['finish_reasons'].get('eos', 0)} / {stats['finish_reasons'].get('length', 0)}",
         "shards reused": f"{reused} / {shard_count}",
-        "engine": ", ".join(f"{e['name']} {e.get('version', '')}".strip() for e in engines),
+        "engine": ", ".join(dict.fromkeys(f"{e['name']} {e.get('version', '')}".strip() for e in engines)),
         "engine start seconds": round(startup_seconds, 1),
         "decode->encode mismatches": stats["roundtrip_mismatches"],
-        "generation tokens/s": round(stats["response_tokens"] / max(generation_seconds, 1e-9), 1) if reused < shard_count else "n/a (all reused)",
+        "generation tokens/s": round(generated_tokens / max(generation_seconds, 1e-9), 1) if reused < shard_count else "n/a (all reused)",
         "stage seconds": round(time.perf_counter() - start, 1),
         "output": str(paths.corpus),
     })
