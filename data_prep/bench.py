@@ -36,7 +36,7 @@ from pipeline.progress import info, print_summary
 def bench_model(params: Params):
     paths = ArtifactPaths.from_params(params)
     if (paths.verifier / "verifier.json").is_file():
-        model, tokenizer = load_verifier(paths)
+        model, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
         return model, tokenizer, f"demo verifier ({paths.verifier})"
     texts = [prompt for _, prompt in zip(range(2000), stdlib_code_prompts())]
     tokenizer = train_bpe_tokenizer(texts, params.verifier.bootstrap.vocab_size)

@@ -123,22 +123,19 @@ def shard_path(shard_dir: Path, index: int) -> Path:
     return shard_dir / f"shard-{index:05d}.json"
 
 
-def load_shard(path: Path, key: str, expected_ids: list[str]) -> dict:
-    """A committed shard; anything that does not match what this run would write is an error."""
+def load_shard(path: Path, key: str, expected_ids: list[str]) -> dict | None:
+    """A committed shard, or None when it is damaged or does not match what this run would write."""
     try:
         shard = json.loads(path.read_text(encoding="utf-8"))
         valid = shard["fingerprint"] == key and [row["id"] for row in shard["rows"]] == expected_ids
     except (OSError, ValueError, KeyError, TypeError):
         valid = False
-    if not valid:
-        raise DraftlineError(
-            f"corpus shard {path} is corrupt or does not match this run; delete {path.parent} and rerun build_corpus"
-        )
-    return shard
+    return shard if valid else None
 
 
-def read_shard(path: Path, key: str, expected_ids: list[str]) -> list[dict]:
-    return load_shard(path, key, expected_ids)["rows"]
+def read_shard(path: Path, key: str, expected_ids: list[str]) -> list[dict] | None:
+    shard = load_shard(path, key, expected_ids)
+    return None if shard is None else shard["rows"]
 
 
 def generate_shard(engine: Engine, config: CorpusConfig, items: list[WorkItem], bar) -> list[dict]:
@@ -177,13 +174,15 @@ def generate_all(start_engine, config: CorpusConfig, items: list[WorkItem], shar
     bar = progress(desc="build corpus", total=len(items), unit="prompt")
     for index, shard in enumerate(shards):
         path = shard_path(shard_dir, index)
-        if path.exists():
-            committed = load_shard(path, key, [item.id for item in shard])
+        committed = load_shard(path, key, [item.id for item in shard]) if path.exists() else None
+        if committed is not None:
             rows.extend(committed["rows"])
             description = committed.get("engine", {"name": "hf"})
             reused += 1
             bar.update(len(shard))
         else:
+            if path.exists():
+                info(f"corpus shard {path} is damaged or stale; regenerating only that shard")
             engine = engine or start_engine()
             description = engine.describe()
             shard_rows = generate_shard(engine, config, shard, bar)
@@ -259,9 +258,9 @@ def run(params: Params, args: argparse.Namespace) -> None:
     record = read_record(paths)
     location = model_location(paths, record)
     if config.engine == "hf":
-        model, tokenizer = load_verifier(paths, params.verifier.dtype)
+        model, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
     else:  # the server holds the model; this process needs only the tokenizer
-        model, tokenizer = None, load_verifier_tokenizer(location, bool(record.get("trust_remote_code", False)))
+        model, tokenizer = None, load_verifier_tokenizer(location, params.verifier.trust_remote_code)
     identity = verifier_identity(paths)
     items = work_items(config, tokenizer)
     key = fingerprint(identity["hash"], config, items)
@@ -275,7 +274,8 @@ def run(params: Params, args: argparse.Namespace) -> None:
             nonlocal startup_seconds
             begin = time.perf_counter()
             engine = stack.enter_context(open_engine(config, model_location=location, dtype=params.verifier.dtype,
-                                                     tokenizer=tokenizer, log_dir=paths.corpus_shards, model=model))
+                                                     tokenizer=tokenizer, log_dir=paths.corpus_shards, model=model,
+                                                     trust_remote_code=params.verifier.trust_remote_code))
             startup_seconds = time.perf_counter() - begin
             return engine
 

@@ -19,6 +19,7 @@ from typing import Iterable, Iterator
 from data_prep.stdlib_text import docstrings, paragraphs, pydoc_topic_paragraphs, read_source, stdlib_source_files
 from pipeline.config import CorpusConfig, PromptSourceConfig, SplitConfig
 from pipeline.errors import DraftlineError
+from pipeline.progress import info
 
 DOMAINS = ("code", "text")
 FILE_PREFIX_LINES = 12
@@ -97,13 +98,26 @@ def read_records(path: Path) -> list[dict]:
         opener = gzip.open if name.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as handle:
             if name.endswith((".jsonl", ".jsonl.gz")):
-                return [json.loads(line) for line in handle if line.strip()]
+                return _jsonl_records(handle, path)
             if name.endswith((".json", ".json.gz")):
                 data = json.load(handle)
                 return data if isinstance(data, list) else _single_list(data, path)
     except (OSError, ValueError, EOFError) as error:
         raise DraftlineError(f"cannot read prompt file {path} ({error}); check that it is valid") from None
     raise DraftlineError(f"prompt file {path}: unsupported format; use .json, .jsonl, .jsonl.gz or .parquet")
+
+
+def _jsonl_records(handle, path: Path) -> list[dict]:
+    records = []
+    for number, line in enumerate(handle, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as error:  # its own position would say "line 1": the file line is what helps
+            raise DraftlineError(f"prompt file {path}: line {number} is not valid JSON ({error.msg}); "
+                                 "fix or remove that line") from None
+    return records
 
 
 def _single_list(data: object, path: Path) -> list[dict]:
@@ -130,9 +144,11 @@ def field_value(record: object, field: str) -> object:
 def map_records(records: Iterable[dict], config: PromptSourceConfig, origin: str) -> list[Prompt]:
     records = list(records)
     prompts = []
+    skipped = 0
     for record in records:
         text = field_value(record, config.prompt_field)
         if not isinstance(text, str) or not text.strip():
+            skipped += 1
             continue
         domain = config.domain
         if config.domain_field:
@@ -148,6 +164,8 @@ def map_records(records: Iterable[dict], config: PromptSourceConfig, origin: str
         raise DraftlineError(
             f"{origin}: no record has a text field '{config.prompt_field}' (fields: {keys}); fix prompt_field"
         )
+    if skipped:
+        info(f"{origin}: skipped {skipped} of {len(records)} records without a text '{config.prompt_field}'")
     return prompts
 
 
@@ -222,4 +240,19 @@ def collect_prompts(config: CorpusConfig) -> list[Prompt]:
         chosen.extend(in_domain[:limit] if limit else in_domain)
     if not chosen:
         raise DraftlineError("corpus.sources produced no prompts; check the sources and their prompt_field")
+    check_splits(chosen, config)
     return chosen
+
+
+def check_splits(prompts: list[Prompt], config: CorpusConfig) -> None:
+    """Training needs train + validation and evaluation needs test: an empty split found only after
+    generation would waste the whole build, so it is refused before any generation."""
+    counts = {name: 0 for name in ("train", "validation", "test")}
+    for prompt in prompts:
+        counts[split_of(prompt.prompt, config.split)] += 1
+    empty = [name for name, count in counts.items() if count == 0]
+    if empty:
+        raise DraftlineError(
+            f"corpus: {len(prompts)} prompts leave split(s) {empty} empty (split by prompt: {counts}); raise "
+            "corpus.max_prompts_per_domain, add sources, or raise corpus.split.validation / corpus.split.test"
+        )

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from data_prep.tokenizer import MASK_TOKEN
 from pipeline.atomic import write_json_atomic
 from pipeline.errors import DraftlineError
+from pipeline.integrity import safetensors_shapes
 from pipeline.lineage import hash_dir
 from pipeline.paths import ArtifactPaths
 
@@ -65,6 +66,8 @@ def load_model_and_tokenizer(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Local files only, safetensors only; the model comes back frozen in eval mode."""
     transformers_logging.disable_progress_bar()  # weight-loading bars would drown the stage's own
+    if Path(location).is_dir():  # a truncated weights file is one line here, not a loader traceback
+        safetensors_shapes(Path(location), "restore the verifier's files (or re-run `dvc repro bootstrap_verifier`)")
     try:
         model = AutoModelForCausalLM.from_pretrained(
             location, dtype=_DTYPES[dtype], use_safetensors=True,
@@ -87,12 +90,15 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
-def load_verifier(paths: ArtifactPaths, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_verifier(paths: ArtifactPaths, dtype: str = "float32", trust_remote_code: bool = False,
+                  ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """`trust_remote_code` comes from params only: the flag recorded in the artifact is informational,
+    so editing a file under artifacts/ can never switch on running a model's own code."""
     record = read_record(paths)
     location = model_location(paths, record)
     if record["source"] == "bootstrap" and not (paths.verifier / "config.json").is_file():
         raise DraftlineError(f"{paths.verifier} has {RECORD_NAME} but no checkpoint; {_MISSING_HINT}")
-    return load_model_and_tokenizer(location, dtype, bool(record.get("trust_remote_code", False)))
+    return load_model_and_tokenizer(location, dtype, trust_remote_code)
 
 
 def mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int | None:

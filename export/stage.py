@@ -25,6 +25,7 @@ from pipeline.atomic import atomic_dir, write_json_atomic, write_text_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params
 from pipeline.errors import DraftlineError
+from pipeline.integrity import check_drafter_matches_verifier
 from pipeline.lineage import git_commit, hash_dir, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
@@ -127,6 +128,8 @@ def export_kind(kind: str, params: Params, paths: ArtifactPaths, verifier, verif
                 texts, trt_skip: str | None) -> dict:
     drafter_dir = paths.drafter(kind)
     target = paths.export(kind)
+    check_drafter_matches_verifier(drafter_dir, verifier.config, f"{kind} drafter at {drafter_dir}",
+                                   f"retrain it (`dvc repro train_{kind}`)")
     with atomic_dir(target) as out:
         serving_dir = out / serving.SERVING_DIR
         serving.copy_checkpoint(drafter_dir, serving_dir)
@@ -165,7 +168,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
             raise DraftlineError(f"no {kind} drafter at {paths.drafter(kind)}; run `dvc repro train_{kind}` "
                                  f"(or remove '{kind}' from export.kinds)")
     identity = verifier_identity(paths)
-    verifier, verifier_tok = load_verifier(paths)
+    verifier, verifier_tok = load_verifier(paths, trust_remote_code=params.verifier.trust_remote_code)
     texts = _parity_texts(params, paths)
     summary: dict[str, object] = {}
     for kind in params.export.kinds:

@@ -40,11 +40,25 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def _make_readable(directory: Path) -> None:
+    """Writers inside the directory (safetensors, ONNX external data) may create private 0600 files;
+    a serving process running as another user must be able to read the artifact."""
+    file_mode, dir_mode = _umask_mode(0o666), _umask_mode(0o777)
+    for entry in directory.rglob("*"):
+        if not entry.is_symlink():
+            os.chmod(entry, dir_mode if entry.is_dir() else file_mode)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces `path`, on error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # A writer killed by SIGKILL leaves its temporary dir; outputs have one writer (DVC locks the
+    # stage), so any such dir is garbage by the time the next write of this output starts.
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     os.chmod(tmp, _umask_mode(0o777))
     try:
@@ -52,6 +66,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _make_readable(tmp)
     old = path.with_name(f".{path.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
+import math
 import os
 import sys
 from typing import Callable, Sequence
@@ -33,6 +35,27 @@ def report_error(error: BaseException) -> int:
     code = getattr(error, "exit_code", 1)
     print(f"draftline: error: {error}", file=sys.stderr)
     return code
+
+
+def temperature_arg(text: str) -> float:
+    """argparse type: a sampling temperature in [0, 5] (nan/inf/negative are usage errors, not tracebacks)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or not 0.0 <= value <= 5.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 5], got {text}")
+    return value
+
+
+def positive_int_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -72,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="commands:\n" + "\n".join(f"  {name:<20} {text}" for name, (_, text) in COMMANDS.items()),
     )
     parser.add_argument("command", choices=sorted(COMMANDS), metavar="command", help="one of the commands below")
+    if argv[:1] in (["--version"], ["-V"]):
+        print(f"draftline {importlib.metadata.version('draftline')}")
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2

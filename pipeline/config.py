@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from pipeline.errors import ParamsError
 
@@ -20,7 +20,16 @@ DEFAULT_PARAMS_PATH = Path("params.yaml")
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf/nan would silently disable a threshold (`atol: .inf`, `min_speedup: .inf`).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def _unique(value: list, what: str = "entries") -> list:
+    """`[ar, ar]` would run (and register) the same drafter twice."""
+    duplicates = sorted({str(item) for item in value if value.count(item) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate {what} {duplicates}")
+    return value
 
 
 # --------------------------------------------------------------------------- project / verifier
@@ -31,6 +40,29 @@ class ProjectConfig(Section):
     artifacts_dir: str = "artifacts"
     metrics_dir: str = "metrics"
     plots_dir: str = "plots"
+    # Stages replace their output directories wholesale, so a typo like `/etc` must not be obeyed.
+    allow_system_dirs: StrictBool = False
+
+    @model_validator(mode="after")
+    def _no_system_dirs(self) -> "ProjectConfig":
+        if self.allow_system_dirs:
+            return self
+        for name, path in self.output_dirs().items():
+            if path.is_absolute() and len(path.resolve().parts) <= 2:
+                raise ValueError(
+                    f"{name} '{path}' is a top-level system directory; use a path inside the project, "
+                    "or set project.allow_system_dirs: true if you mean it"
+                )
+        return self
+
+    def output_dirs(self) -> dict[str, Path]:
+        return {name: Path(getattr(self, name)) for name in ("artifacts_dir", "metrics_dir", "plots_dir")}
+
+    def dirs_outside(self, project: Path) -> list[str]:
+        """Output dirs that resolve outside `project` (allowed, but worth a warning: easy to mistype)."""
+        project = project.resolve()
+        return [f"{name} {path}" for name, path in self.output_dirs().items()
+                if not (project / path).resolve().is_relative_to(project)]
 
 
 class BootstrapConfig(Section):
@@ -67,7 +99,7 @@ class BootstrapConfig(Section):
 class VerifierConfig(Section):
     source: Literal["bootstrap", "hf"] = "bootstrap"
     name_or_path: Optional[str] = None
-    trust_remote_code: bool = False
+    trust_remote_code: StrictBool = False
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     bootstrap: BootstrapConfig = BootstrapConfig()
 
@@ -121,6 +153,15 @@ class SamplingConfig(Section):
 class SplitConfig(Section):
     validation: float = Field(0.1, ge=0.0, lt=0.5)
     test: float = Field(0.1, ge=0.0, lt=0.5)
+
+    @model_validator(mode="after")
+    def _leaves_training_data(self) -> "SplitConfig":
+        if self.validation + self.test > 0.5:
+            raise ValueError(
+                f"validation + test = {self.validation + self.test:g} leaves less than half the prompts to train on; "
+                "keep their sum <= 0.5"
+            )
+        return self
 
 
 class VllmConfig(Section):
@@ -191,8 +232,8 @@ class TrainerConfig(Section):
     num_nodes: int = Field(1, ge=1)
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
-    offload_optimizer: bool = False
-    offload_parameters: bool = False
+    offload_optimizer: StrictBool = False
+    offload_parameters: StrictBool = False
     max_steps: int = Field(300, ge=1)
     batch_size: int = Field(16, ge=1)
     accumulate_grad_batches: int = Field(1, ge=1)
@@ -306,6 +347,11 @@ class ProfileConfig(Section):
 
 class ExportConfig(Section):
     kinds: list[Literal["ar", "block"]] = Field(default_factory=lambda: ["ar", "block"], min_length=1)
+
+    @field_validator("kinds")
+    @classmethod
+    def _unique_kinds(cls, value: list[str]) -> list[str]:
+        return _unique(value, "drafter kinds")
     opset: int = Field(18, ge=14, le=23)
     exporter: Literal["dynamo", "torchscript"] = "dynamo"
     atol: float = Field(1e-4, gt=0)
@@ -332,7 +378,7 @@ class EvaluateConfig(Section):
     denoise_steps: int = Field(1, ge=1)
     backend: Literal["torch", "onnx"] = "torch"
     seed: int = Field(0, ge=0)
-    peer_baseline: bool = True
+    peer_baseline: StrictBool = True
 
     @field_validator("temperatures")
     @classmethod
@@ -340,7 +386,12 @@ class EvaluateConfig(Section):
         for temperature in value:
             if not (0.0 <= temperature <= 5.0) or math.isnan(temperature):
                 raise ValueError(f"temperatures must be in [0, 5], got {temperature}")
-        return value
+        return _unique(value, "temperatures")
+
+    @field_validator("drafters")
+    @classmethod
+    def _unique_drafters(cls, value: list[str]) -> list[str]:
+        return _unique(value, "drafter kinds")
 
 
 class DomainGate(Section):
@@ -352,7 +403,7 @@ class PromoteConfig(Section):
     tracking_uri: Optional[str] = Field(None, description="None: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     experiment: str = "draftline"
     model_name_prefix: str = "draftline"
-    require_lossless: bool = True
+    require_lossless: StrictBool = True
     max_regression: float = Field(0.05, ge=0, le=1)
     gates: dict[Literal["code", "text"], DomainGate] = Field(
         default_factory=lambda: {
@@ -371,6 +422,22 @@ class Params(Section):
     evaluate: EvaluateConfig = EvaluateConfig()
     promote: PromoteConfig = PromoteConfig()
 
+    @model_validator(mode="after")
+    def _target_layers_exist(self) -> "Params":
+        """Caught here instead of minutes later in training, when the verifier's depth is known now."""
+        layer_ids = self.train.block.target_layer_ids
+        if layer_ids is None:
+            return self
+        if len(set(layer_ids)) != len(layer_ids) or min(layer_ids) < 0:
+            raise ValueError(f"train.block.target_layer_ids {layer_ids} must be distinct layer indices >= 0")
+        depth = self.verifier.bootstrap.num_layers
+        if self.verifier.source == "bootstrap" and max(layer_ids) >= depth:
+            raise ValueError(
+                f"train.block.target_layer_ids {layer_ids} out of range for the {depth}-layer bootstrap verifier "
+                f"(valid: 0..{depth - 1})"
+            )
+        return self
+
     def section_hash(self, *names: str) -> str:
         """Stable hash of the named sections (all when none), recorded as lineage."""
         dumped = self.model_dump(mode="json")
@@ -380,14 +447,14 @@ class Params(Section):
 
 def _format_error(source: str, error: ValidationError) -> str:
     first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "<root>"
+    location = "".join(f"{part}: " for part in [".".join(str(part) for part in first["loc"])] if part)
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown key (remove it or check the spelling)"
     elif "input" in first and first["type"] not in ("missing",) and not isinstance(first["input"], dict):
         message = f"{message} (got {first['input']!r})"
     more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"{source}: {location}: {message}{more}"
+    return f"{source}: {location}{message}{more}"
 
 
 def parse_params(data: object, source: str = "params") -> Params:
@@ -401,12 +468,31 @@ def parse_params(data: object, source: str = "params") -> Params:
         raise ParamsError(_format_error(source, error)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; in params that hides which value is in effect."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}' (keep one)", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_params(path: str | Path = DEFAULT_PARAMS_PATH) -> Params:
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path}: file not found (run from the project root or pass --params PATH)")
+    if not path.is_file():
+        raise ParamsError(f"{path}: not a file (pass --params with the path of a params.yaml)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as error:
+        raise ParamsError(f"{path}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

@@ -3,7 +3,9 @@
 Metrics travel as a flat mapping `name -> float` (`lossless`, `<domain>.tau`, `<domain>.speedup`, ...)
 because that is what survives a round trip through MLflow tags, so a candidate read from
 `metrics/eval.json` and a champion read back from the registry compare the same way.
-A missing or NaN metric fails every comparison it takes part in: it can never promote.
+A missing or NaN metric fails every comparison it takes part in: it can never promote, and neither
+can a value no real evaluation produces (tau 1e308, an acceptance rate of 3): those mean a broken or
+edited eval.json, never a great drafter.
 """
 
 from __future__ import annotations
@@ -18,6 +20,16 @@ GATE_TEMPERATURE = "0.0"  # the gate reads greedy decoding (contract: by_tempera
 GATED_METRICS = ("tau", "speedup")
 # Recorded next to the gated ones so a version's tags describe it fully; never gated.
 REPORTED_METRICS = ("tau", "speedup", "acceptance_rate", "tokens_per_s", "baseline_tokens_per_s")
+# The most a verifier forward can commit: 63 drafts of the largest block (64) plus the bonus token.
+MAX_TAU = 64.0
+# Plausible ranges (inclusive); speedup cannot beat tokens committed per verifier forward by much.
+PLAUSIBLE_RANGES = {
+    "tau": (1.0, MAX_TAU),
+    "speedup": (0.0, MAX_TAU),
+    "acceptance_rate": (0.0, 1.0),
+    "tokens_per_s": (0.0, math.inf),
+    "baseline_tokens_per_s": (0.0, math.inf),
+}
 
 
 @dataclass(frozen=True)
@@ -92,15 +104,33 @@ def gate_metrics(drafter_eval: Mapping) -> dict[str, float]:
 
 
 def _lossless_check(candidate: Mapping[str, float]) -> Comparison:
-    value = candidate.get("lossless", math.nan)
-    passed = is_finite(value) and value == 1.0
+    """Decided by the mismatch count, not the flag alone: `lossless: true` with mismatches 5 (or
+    missing) is an eval.json that contradicts itself, and that never promotes."""
+    flag, mismatches = candidate.get("lossless", math.nan), candidate.get("mismatches", math.nan)
+    counted_zero = is_finite(mismatches) and mismatches == 0
+    passed = is_finite(flag) and flag == 1.0 and counted_zero
     if passed:
-        detail = "lossless: verified"
-    elif is_finite(value):
-        detail = f"lossless: failed (output differs from the verifier; mismatches {candidate.get('mismatches', math.nan):g})"
-    else:
+        detail = "lossless: verified (0 mismatches)"
+    elif not is_finite(flag):
         detail = "lossless: missing/NaN (the evaluation did not report losslessness)"
-    return Comparison("lossless", "lossless", value, 1.0, passed, detail)
+    elif not is_finite(mismatches):
+        detail = "lossless: mismatch count missing/NaN (the evaluation did not count mismatches)"
+    elif flag == 1.0:
+        detail = f"lossless: flag says verified but {mismatches:g} mismatches were counted"
+    else:
+        detail = f"lossless: failed (output differs from the verifier; mismatches {mismatches:g})"
+    return Comparison("lossless", "lossless", flag, 1.0, passed, detail)
+
+
+def _range_failures(candidate: Mapping[str, float]) -> list[Comparison]:
+    """Only the failures: a plausible value adds nothing to the report."""
+    failures = []
+    for metric, value in sorted(candidate.items()):
+        low, high = PLAUSIBLE_RANGES.get(metric.rpartition(".")[2], (-math.inf, math.inf))
+        if is_finite(value) and not low <= value <= high:
+            failures.append(Comparison("range", metric, value, high if value > high else low, False,
+                                       f"{metric} {value:.4g} is outside the possible range [{low:g}, {high:g}]"))
+    return failures
 
 
 def _floor_check(metric: str, value: float, floor: float) -> Comparison:
@@ -137,6 +167,7 @@ def decide(
     comparisons: list[Comparison] = []
     if config.require_lossless:
         comparisons.append(_lossless_check(candidate))
+    comparisons += _range_failures(candidate)
     for domain, floors in sorted(config.gates.items()):
         for name, floor in (("tau", floors.min_tau), ("speedup", floors.min_speedup)):
             metric = f"{domain}.{name}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from pipeline.cli import run_stage, stage_parser
@@ -11,6 +12,9 @@ from pipeline.config import Params
 
 
 def _check(params: Params, args: argparse.Namespace) -> None:
+    for where in params.project.dirs_outside(Path.cwd()):
+        print(f"draftline: warning: {where} is outside the project directory (allowed; check it is meant)",
+              file=sys.stderr)
     print(f"{args.params}: ok (params hash {params.section_hash()})")
 
 

@@ -25,14 +25,16 @@ from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params
 from pipeline.errors import DraftlineError
 from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics
+from pipeline.integrity import verify_manifest
 from pipeline.lineage import hash_dir, hash_file, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
 from pipeline.registry import (
     CHAMPION, PREVIOUS_CHAMPION, TAG_EVAL_KEY, TAG_GATE, TAG_GATE_DECISION, TAG_GATE_REASONS, TAG_KIND,
     TAG_STAGE, TAG_TRAIN_RUN, Registry, metric_tags, metrics_from_tags, mlflow_errors, registered_model_name,
-    tag_key,
+    registry_lock, tag_key,
 )
+from pipeline.tracking import tracking_uri
 
 DRAFTER_KINDS = ("ar", "block")
 DVC_LOCK = Path("dvc.lock")
@@ -74,6 +76,7 @@ def drafter_checkpoint(paths: ArtifactPaths, kind: str) -> tuple[Path, str]:
     """The serving checkpoint from `export`, else the training output (recorded as `source`)."""
     serving = paths.export(kind) / "serving"
     if (serving / "config.json").is_file():
+        verify_manifest(paths.export(kind))  # never register a checkpoint damaged after export
         return serving, "export"
     trained = paths.drafter(kind)
     if (trained / "config.json").is_file():
@@ -299,8 +302,9 @@ def print_decision(kind: str, record: dict) -> None:
 def run(params: Params, args: argparse.Namespace) -> dict:
     paths = ArtifactPaths.from_params(params)
     evaluation = Evaluation.load(paths.metrics / "eval.json")
-    registry = Registry.from_params(params)
-    with mlflow_errors(registry.uri):
+    uri = tracking_uri(params)
+    with mlflow_errors(uri), registry_lock(uri):
+        registry = Registry(uri)
         records = {kind: promote_drafter(registry, params, paths, evaluation, kind)
                    for kind in sorted(evaluation.drafters)}
     report = {

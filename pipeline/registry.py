@@ -9,20 +9,30 @@ Gate metrics and lineage are version tags, which is also how the gate reads the 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
 import os
 import re
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Iterator, Mapping
+
+from filelock import FileLock, Timeout
+from sqlalchemy.exc import SQLAlchemyError
 
 # Before mlflow is imported: no telemetry, no background logging threads, no artifact progress bars.
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+# MLflow retries a dead server with backoff for minutes by default; a user waiting on promote should
+# hear within seconds (the reachability probe below catches the common case before any request).
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 import mlflow  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
@@ -30,9 +40,7 @@ from mlflow.entities import LoggedModel, Metric, Param, Run  # noqa: E402
 from mlflow.entities.model_registry import ModelVersion, RegisteredModel  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
-from pipeline.config import Params  # noqa: E402
 from pipeline.errors import DraftlineError  # noqa: E402
-from pipeline.tracking import tracking_uri  # noqa: E402
 
 for _logger in ("mlflow", "alembic"):
     logging.getLogger(_logger).setLevel(logging.WARNING)
@@ -81,12 +89,71 @@ def metrics_from_tags(tags: Mapping[str, str]) -> dict[str, float]:
     return metrics
 
 
+SERVER_PROBE_TIMEOUT_S = 5.0
+SQLITE_HEADER = b"SQLite format 3\x00"
+LOCK_TIMEOUT_S = 600.0
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri.removeprefix("sqlite:///")).resolve() if uri.startswith("sqlite:///") else None
+
+
 def _sqlite_artifact_root(uri: str) -> str | None:
     """Artifacts of an embedded sqlite store live next to the database file, not in the cwd."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    database = Path(uri.removeprefix("sqlite:///"))
-    return str(database.resolve().parent / "mlruns")
+    database = _sqlite_path(uri)
+    return str(database.parent / "mlruns") if database else None
+
+
+def check_store(uri: str) -> None:
+    """Refuse a store that would silently lose history (an empty or foreign sqlite file) and a server
+    that does not answer, each with one line, before MLflow turns them into a new registry or a
+    minutes-long retry loop."""
+    database = _sqlite_path(uri)
+    if database is not None and database.exists():
+        if not database.is_file():
+            raise DraftlineError(f"MLflow store {database} is not a file; point promote.tracking_uri at an sqlite file")
+        with database.open("rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+        if not header:
+            raise DraftlineError(
+                f"MLflow store {database} is empty (0 bytes), so its registry history is gone; restore it from a "
+                "backup, or delete the file to start a new, empty registry"
+            )
+        if header != SQLITE_HEADER:
+            raise DraftlineError(
+                f"MLflow store {database} is not an SQLite database (corrupt or another file); restore it from a "
+                "backup, or move it away to start a new, empty registry"
+            )
+    if uri.startswith(("http://", "https://")):
+        try:
+            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=SERVER_PROBE_TIMEOUT_S).close()
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise DraftlineError(
+                f"MLflow tracking server {uri} is not reachable ({reason}); start it, or fix "
+                "promote.tracking_uri / $MLFLOW_TRACKING_URI"
+            ) from None
+
+
+@contextlib.contextmanager
+def registry_lock(uri: str) -> Iterator[None]:
+    """Serialises check-then-register across processes: two `promote` runs on the same evaluation
+    would otherwise both miss the existing version and register duplicates. The lock file sits next
+    to an sqlite store; for a server it is per user and host (runs on other hosts are not covered)."""
+    database = _sqlite_path(uri)
+    if database is not None:
+        lock_path = database.with_name(f"{database.name}.draftline.lock")
+    else:
+        lock_path = Path.home() / ".cache" / "draftline" / f"registry-{hashlib.sha256(uri.encode()).hexdigest()[:16]}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S):
+            yield
+    except Timeout:
+        raise DraftlineError(
+            f"another promotion has held {lock_path} for {LOCK_TIMEOUT_S:.0f} s; wait for it, or delete the lock "
+            "file if no draftline process is running"
+        ) from None
 
 
 class Registry:
@@ -94,14 +161,11 @@ class Registry:
     because the sqlite registry store resolves logged models through the global client)."""
 
     def __init__(self, uri: str):
+        check_store(uri)
         self.uri = uri
         mlflow.set_tracking_uri(uri)
         mlflow.set_registry_uri(uri)
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-
-    @classmethod
-    def from_params(cls, params: Params) -> "Registry":
-        return cls(tracking_uri(params))
 
     # ----------------------------------------------------------------- tracking
 
@@ -114,7 +178,22 @@ class Registry:
                 f"MLflow experiment '{name}' is deleted; restore it (`mlflow experiments restore`) "
                 "or set promote.experiment to another name"
             )
+        self._check_artifact_location(name, experiment.artifact_location)
         return experiment.experiment_id
+
+    def _check_artifact_location(self, name: str, location: str) -> None:
+        """MLflow stores an absolute artifact path per experiment: after the project (and its
+        mlflow.db) is copied or moved, new runs would write into the old place's mlruns/."""
+        expected = _sqlite_artifact_root(self.uri)
+        if expected is None or "://" in location.removeprefix("file://"):
+            return
+        actual = Path(location.removeprefix("file://")).resolve()
+        if actual != Path(expected):
+            raise DraftlineError(
+                f"MLflow experiment '{name}' keeps artifacts in {actual}, not next to {_sqlite_path(self.uri)} "
+                f"(the project was moved or copied); set promote.experiment to a new name to start a fresh "
+                f"experiment here, or run from the original location"
+            )
 
     def find_run(self, run_id: str | None) -> Run | None:
         if not run_id:
@@ -229,4 +308,10 @@ def mlflow_errors(uri: str) -> Iterator[None]:
         message = str(error.message).splitlines()[0] if error.message else type(error).__name__
         raise DraftlineError(
             f"MLflow at {uri}: {message}; check promote.tracking_uri / $MLFLOW_TRACKING_URI"
+        ) from None
+    except SQLAlchemyError as error:
+        first_line = str(error.orig if getattr(error, "orig", None) else error).splitlines()[0]
+        raise DraftlineError(
+            f"MLflow store {uri} is unreadable ({first_line}); restore it from a backup, or move it away to "
+            "start a new, empty registry"
         ) from None

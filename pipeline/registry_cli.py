@@ -9,6 +9,7 @@ MODEL is a registered model name or a drafter kind (`ar`/`block`, resolved with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import getpass
 import json
@@ -25,8 +26,9 @@ from pipeline.progress import console
 from pipeline.promote import DRAFTER_KINDS, Evaluation, comparisons_table, gate_version
 from pipeline.registry import (
     CHAMPION, PREVIOUS_CHAMPION, TAG_GATE, TAG_GATE_DECISION, TAG_GATE_REASONS, Registry, metrics_from_tags, mlflow_errors,
-    registered_model_name,
+    registered_model_name, registry_lock,
 )
+from pipeline.tracking import tracking_uri
 
 TAG_FORCED_REASON = "gate.forced_reason"
 TAG_FORCED_BY = "gate.forced_by"
@@ -121,8 +123,10 @@ def promote_version(registry: Registry, params: Params, name: str, version: str,
 
 
 def _run(params: Params, args: argparse.Namespace) -> None:
-    registry = Registry.from_params(params)
-    with mlflow_errors(registry.uri):
+    uri = tracking_uri(params)
+    # Reading needs no lock; promoting by hand moves aliases like `promote` does.
+    with mlflow_errors(uri), (registry_lock(uri) if args.action == "promote" else contextlib.nullcontext()):
+        registry = Registry(uri)
         if args.action == "list":
             list_models(registry, params)
         elif args.action == "show":

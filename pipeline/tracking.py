@@ -7,8 +7,6 @@ from pathlib import Path
 
 from pipeline.config import Params
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-
 
 def tracking_uri(params: Params, base: Path | str = ".") -> str:
     if params.promote.tracking_uri:

@@ -29,8 +29,8 @@ from serve_eval.verification import Sampling
 
 def demo_setup(params: Params, per_domain: int):
     paths = ArtifactPaths.from_params(params)
-    verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier.dtype)
-    prompts = [p for domain in load_test_prompts(paths, per_domain).values() for p in domain]
+    verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
+    prompts = [p for domain in load_test_prompts(paths, per_domain, verifier.config.vocab_size).values() for p in domain]
     kinds = [kind for kind in params.evaluate.drafters if (paths.drafter(kind) / "config.json").exists()]
     if not kinds:
         raise DraftlineError("no trained drafter")

@@ -112,7 +112,7 @@ class BlockDrafter:
         return ids[0].tolist()
 
 
-def _require_dir(path: Path, kind: str) -> None:
+def require_drafter_dir(path: Path, kind: str) -> None:
     if not (path / "config.json").exists():
         raise DraftlineError(
             f"drafter '{kind}' not found at {path}; run `dvc repro train_{kind}` "
@@ -121,13 +121,13 @@ def _require_dir(path: Path, kind: str) -> None:
 
 
 def load_ar_model(path: Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    _require_dir(path, "ar")
+    require_drafter_dir(path, "ar")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return model.eval().requires_grad_(False)
 
 
 def load_block_model(path: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    _require_dir(path, "block")
+    require_drafter_dir(path, "block")
     architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
     if "DFlashDraftModel" not in architectures:
         raise DraftlineError(f"{path}/config.json is not a DFlash drafter (architectures={architectures}); "

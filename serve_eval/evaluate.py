@@ -136,8 +136,8 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     from data_prep.corpus import corpus_hash
     from data_prep.verifier import verifier_identity
 
-    verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier.dtype)
-    prompts = load_test_prompts(paths, config.prompts_per_domain)
+    verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
+    prompts = load_test_prompts(paths, config.prompts_per_domain, verifier.config.vocab_size)
     proposers = load_proposers(paths, config, verifier, tokenizer)  # fails early when one is missing
     identity = verifier_identity(paths)
     report: dict = {"verifier": {"id": identity["id"], "hash": identity["hash"]},

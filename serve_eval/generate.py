@@ -9,8 +9,9 @@ from typing import Sequence
 import torch
 from rich.text import Text
 
-from pipeline.cli import run_stage, stage_parser
+from pipeline.cli import positive_int_arg, run_stage, stage_parser, temperature_arg
 from pipeline.config import Params
+from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, print_summary
 from serve_eval.decoding import decode
@@ -34,11 +35,17 @@ def render(tokenizer, generation) -> Text:
 def run(params: Params, args: argparse.Namespace) -> None:
     paths = ArtifactPaths.from_params(params)
     config = params.evaluate.model_copy(update={"drafters": [args.drafter], "backend": "torch"})
-    verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier.dtype)
+    verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
     proposer, _, _ = load_proposers(paths, config, verifier, tokenizer)[args.drafter]
     prompt_ids = tokenizer(args.prompt)["input_ids"]
     if not prompt_ids:
         prompt_ids = [tokenizer.eos_token_id]
+    context = verifier.config.max_position_embeddings
+    if len(prompt_ids) + args.max_new_tokens > context:
+        raise DraftlineError(
+            f"prompt ({len(prompt_ids)} tokens) + --max-new-tokens {args.max_new_tokens} exceeds the verifier's "
+            f"context of {context} positions; shorten the prompt or lower --max-new-tokens"
+        )
     generation = decode(verifier, prompt_ids, args.max_new_tokens, proposer=proposer,
                         sampling=Sampling(args.temperature, params.evaluate.top_k, params.evaluate.top_p),
                         eos_token_id=tokenizer.eos_token_id, generator=torch.Generator().manual_seed(args.seed))
@@ -61,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline generate", __doc__.splitlines()[0])
     parser.add_argument("--prompt", required=True, help="text to continue")
     parser.add_argument("--drafter", choices=["ar", "block"], default="ar")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=temperature_arg, default=0.0, help="0 = greedy; at most 5")
+    parser.add_argument("--max-new-tokens", type=positive_int_arg, default=64)
     parser.add_argument("--seed", type=int, default=0)
     return run_stage(parser, run, argv)
 

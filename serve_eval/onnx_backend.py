@@ -16,6 +16,7 @@ import onnxruntime as ort
 import torch
 
 from pipeline.errors import DraftlineError
+from pipeline.integrity import verify_manifest
 
 class OnnxARDrafter:
     """`ARDraftBackend` over an exported AR drafter; the cache is the list of `present_*` arrays."""
@@ -112,6 +113,7 @@ def _read_export(export_dir: Path, kind: str, providers: tuple[str, ...]) -> tup
     manifest_path, model_path = export_dir / "manifest.json", export_dir / "model.onnx"
     if not manifest_path.is_file() or not model_path.is_file():
         raise DraftlineError(f"no exported {kind} drafter at {export_dir} (manifest.json/model.onnx missing); {hint}")
+    verify_manifest(export_dir)
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     if manifest.get("kind") != kind:
         raise DraftlineError(f"{export_dir} holds a '{manifest.get('kind')}' export, not the {kind} drafter; {hint}")

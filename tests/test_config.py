@@ -27,6 +27,16 @@ def test_repo_params_yaml_is_valid():
         ({"evaluate": {"temperatures": [0.0, 9.0]}}, "temperatures must be in [0, 5]"),
         ({"corpus": {"sources": [{"kind": "file", "domain": "code"}]}}, "a 'file' source needs 'path'"),
         (["not", "a", "mapping"], "expected a mapping of sections"),
+        ({"export": {"atol": float("inf")}}, "export.atol: Input should be a finite number"),
+        ({"promote": {"gates": {"code": {"min_speedup": float("inf")}}}}, "min_speedup: Input should be a finite"),
+        ({"promote": {"max_regression": float("nan")}}, "max_regression: Input should be a finite number"),
+        ({"verifier": {"trust_remote_code": "yes"}}, "verifier.trust_remote_code: Input should be a valid boolean"),
+        ({"export": {"kinds": ["ar", "ar"]}}, "export.kinds: duplicate drafter kinds ['ar']"),
+        ({"evaluate": {"drafters": ["block", "block"]}}, "evaluate.drafters: duplicate drafter kinds"),
+        ({"project": {"artifacts_dir": "/etc"}}, "artifacts_dir '/etc' is a top-level system directory"),
+        ({"corpus": {"split": {"validation": 0.3, "test": 0.3}}}, "leaves less than half the prompts to train on"),
+        ({"train": {"block": {"target_layer_ids": [0, 9]}}}, "out of range for the 6-layer bootstrap verifier"),
+        ({"train": {"block": {"target_layer_ids": [1, 1]}}}, "must be distinct layer indices"),
     ],
 )
 def test_bad_params_give_one_line_naming_the_key(data, expected):
@@ -68,3 +78,40 @@ def test_cli_params_check_exit_codes(tmp_path):
     broken = _check(tmp_path, "corpus: [unclosed\n")
     assert broken.returncode == 2
     assert "not valid YAML" in broken.stderr
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"corpus:\n  seed: 1\n  seed: 2\n", "duplicate key 'seed'"),
+        (b"\xff\xfe\x00corpus: {}\n", "not UTF-8 text"),
+    ],
+)
+def test_unreadable_params_files_give_one_line(tmp_path, content, expected):
+    path = tmp_path / "params.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ParamsError) as info:
+        load_params(path)
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_params_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(ParamsError, match="not a file"):
+        load_params(tmp_path)
+
+
+def test_system_dirs_need_the_explicit_flag():
+    params = parse_params({"project": {"artifacts_dir": "/srv", "allow_system_dirs": True}})
+    assert params.project.artifacts_dir == "/srv"
+
+
+def test_params_check_warns_about_dirs_outside_the_project(tmp_path):
+    result = _check(tmp_path, yaml.safe_dump({"project": {"artifacts_dir": str(tmp_path / "art")}}))
+    assert result.returncode == 0
+    assert "artifacts_dir" in result.stderr and "outside the project" in result.stderr
+
+
+def test_version_flag():
+    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "--version"], capture_output=True, text=True,
+                            cwd=REPO)
+    assert result.returncode == 0 and result.stdout.startswith("draftline 0.")

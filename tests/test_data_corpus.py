@@ -140,14 +140,55 @@ def test_corrupt_or_missing_corpus_is_a_clear_error(tmp_path):
     assert "\n" not in str(error.value)
 
 
-def test_a_shard_from_other_inputs_is_rejected(tmp_path):
+def test_a_shard_from_other_inputs_or_damaged_is_not_reused(tmp_path):
     shard = tmp_path / "shard-00000.json"
     shard.write_text(json.dumps({"fingerprint": "aaa", "index": 0, "rows": [{"id": "x"}]}))
     assert read_shard(shard, "aaa", ["x"]) == [{"id": "x"}]
-    with pytest.raises(DraftlineError, match="does not match"):
-        read_shard(shard, "bbb", ["x"])
-    with pytest.raises(DraftlineError, match="does not match"):
-        read_shard(shard, "aaa", ["y"])
+    assert read_shard(shard, "bbb", ["x"]) is None
+    assert read_shard(shard, "aaa", ["y"]) is None
+    shard.write_text(shard.read_text()[:20])
+    assert read_shard(shard, "aaa", ["x"]) is None
+
+
+def test_a_truncated_shard_is_regenerated_alone(tmp_path):
+    params = make_project(tmp_path, prompts=10, shard_size=4)
+    assert build_corpus.main(["--params", str(params)]) == 0
+    shard_dir = next((tmp_path / "artifacts" / "corpus_shards").iterdir())
+    shards = sorted(shard_dir.iterdir())
+    assert len(shards) >= 3
+    before = {path.name: path.stat().st_mtime_ns for path in shards}
+    reference = rows(load_corpus(ArtifactPaths.from_params(load_params(params))))
+    shards[1].write_text(shards[1].read_text()[:50])  # a kill/disk-full mid-write of that shard
+    (tmp_path / "artifacts" / ".corpus.leftover.tmp").mkdir()  # a temp dir a SIGKILL left behind
+    process = stage(params)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    assert shards[1].name in err and "is damaged or stale; regenerating only that shard" in " ".join(err.split())
+    after = {path.name: path.stat().st_mtime_ns for path in sorted(shard_dir.iterdir())}
+    assert [name for name in before if before[name] != after[name]] == [shards[1].name]
+    assert rows(load_corpus(ArtifactPaths.from_params(load_params(params)))) == reference
+    assert not list((tmp_path / "artifacts").glob(".corpus.*.tmp"))
+
+
+def test_too_few_prompts_for_every_split_is_refused_before_generation(tmp_path):
+    params = make_project(tmp_path, prompts=2)
+    process = stage(params)
+    assert_one_line_error(process, "leave split(s)")
+    assert not (tmp_path / "artifacts" / "corpus").exists()
+    assert not (tmp_path / "artifacts" / "corpus_shards").exists()
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_at_load(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    row = {column: "x" for column in COLUMNS} | {"prompt_ids": [1, 2], "response_ids": [3, 500],
+                                                 "temperature": 0.0, "seed": 0}
+    paths = ArtifactPaths(root=tmp_path, metrics=tmp_path, plots=tmp_path)
+    split = Dataset.from_list([row])
+    DatasetDict(train=split, validation=split, test=split).save_to_disk(str(paths.corpus))
+    load_corpus(paths, vocab_size=501)
+    with pytest.raises(DraftlineError, match="'response_ids' has token ids in \\[3, 500\\], outside the verifier's vocabulary of 320"):
+        load_corpus(paths, vocab_size=320)
 
 
 def test_fingerprint_changes_with_params_and_verifier():

@@ -112,3 +112,18 @@ def test_dedup_limits_and_split_never_leak_a_prompt(tmp_path):
     assert split_of("a b", split) == split_of(" a b\n", split)
     # the selection is stable: the same config picks the same prompts in the same order
     assert [p.prompt for p in collect_prompts(config)] == texts
+
+
+def test_malformed_jsonl_names_the_file_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n{"prompt": "c",,}\n')
+    with pytest.raises(DraftlineError, match="line 4 is not valid JSON"):
+        load_source(PromptSourceConfig(kind="file", path=str(path), domain="text"))
+
+
+def test_records_without_the_prompt_field_are_counted(tmp_path, capsys):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"prompt": "a"}, {"other": 1}, {"prompt": ""}]))
+    prompts = load_source(PromptSourceConfig(kind="file", path=str(path), domain="text"))
+    assert [p.prompt for p in prompts] == ["a"]
+    assert "skipped 2 of 3 records without a text 'prompt'" in " ".join(capsys.readouterr().err.split())

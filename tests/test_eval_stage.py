@@ -100,3 +100,48 @@ def test_generate_prints_highlighted_tokens_and_step_stats(project, monkeypatch,
     assert "step   0: drafted" in err and "tau (tokens per verifier forward, bonus included)" in err
     assert generate_main(["--params", params, "--prompt", "The fox", "--drafter", "block",
                           "--temperature", "0.8", "--max-new-tokens", "6"]) == 0
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--temperature", "nan"], "--temperature: must be in [0, 5]"),
+    (["--temperature", "-1"], "--temperature: must be in [0, 5]"),
+    (["--temperature", "inf"], "--temperature: must be in [0, 5]"),
+    (["--max-new-tokens", "0"], "--max-new-tokens: must be >= 1"),
+])
+def test_generate_rejects_bad_arguments(project, monkeypatch, capsys, args, expected):
+    from serve_eval.generate import main as generate_main
+
+    monkeypatch.chdir(project)
+    with pytest.raises(SystemExit) as info:
+        generate_main(["--params", write_params(project), "--prompt", "x", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
+def test_generate_refuses_to_run_past_the_verifier_context(project, monkeypatch, capsys):
+    from serve_eval.generate import main as generate_main
+
+    monkeypatch.chdir(project)
+    assert generate_main(["--params", write_params(project), "--prompt", "x", "--max-new-tokens", "100000"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "exceeds the verifier's context" in err and "\n" not in err
+
+
+def test_trust_remote_code_comes_from_params_not_the_artifact(project, monkeypatch):
+    """Editing artifacts/verifier/verifier.json must never switch on running a model's own code."""
+    import data_prep.verifier as verifier_module
+    from pipeline.paths import ArtifactPaths
+
+    record_path = project / "artifacts" / "verifier" / "verifier.json"
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps({**record, "trust_remote_code": True}))
+    seen = []
+    monkeypatch.setattr(verifier_module, "load_model_and_tokenizer",
+                        lambda location, dtype, trust_remote_code: seen.append(trust_remote_code))
+    try:
+        verifier_module.load_verifier(ArtifactPaths(project / "artifacts", project, project))
+        verifier_module.load_verifier(ArtifactPaths(project / "artifacts", project, project), trust_remote_code=True)
+    finally:
+        record_path.write_text(json.dumps(record))
+    assert seen == [False, True]

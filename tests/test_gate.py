@@ -11,7 +11,7 @@ CONFIG = PromoteConfig(
     max_regression=0.05,
     gates={"code": DomainGate(min_tau=1.2, min_speedup=1.0), "text": DomainGate(min_tau=1.1, min_speedup=0.0)},
 )
-GOOD = {"lossless": 1.0, "code.tau": 2.0, "code.speedup": 1.4, "text.tau": 1.8, "text.speedup": 1.2}
+GOOD = {"lossless": 1.0, "mismatches": 0.0, "code.tau": 2.0, "code.speedup": 1.4, "text.tau": 1.8, "text.speedup": 1.2}
 
 
 def failing(decision: GateDecision) -> set[tuple[str, str]]:
@@ -101,3 +101,22 @@ def test_decision_round_trips_through_json_without_nan():
     decision = decide({**GOOD, "code.tau": math.nan}, CONFIG, GOOD, "2")
     text = json.dumps(decision.to_dict(), allow_nan=False)  # strict JSON: NaN became null
     assert GateDecision.from_dict(json.loads(text)).to_dict() == decision.to_dict()
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"mismatches": 5.0}, "flag says verified but 5 mismatches"),
+    ({"mismatches": math.nan}, "mismatch count missing/NaN"),
+    ({"code.tau": 1e308}, "code.tau 1e+308 is outside the possible range"),
+    ({"text.acceptance_rate": 3.0}, "text.acceptance_rate 3 is outside the possible range"),
+    ({"code.speedup": -1.0}, "code.speedup"),
+])
+def test_self_contradicting_or_impossible_metrics_never_promote(change, reason):
+    decision = decide({**GOOD, **change}, CONFIG)
+    assert not decision.promote
+    assert any(reason in text for text in decision.reasons), decision.reasons
+
+
+def test_gate_metrics_reads_the_mismatch_count():
+    metrics = gate_metrics({"lossless": True, "mismatches": 5, "by_temperature": {}})
+    assert metrics["lossless"] == 1.0 and metrics["mismatches"] == 5.0
+    assert not decide({**GOOD, **metrics}, CONFIG).promote

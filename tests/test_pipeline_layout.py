@@ -1,5 +1,6 @@
 """dvc.yaml and the CLI agree with the code: every stage command is a runnable module with --help."""
 
+import ast
 import importlib.util
 import shlex
 import subprocess
@@ -56,3 +57,58 @@ def test_every_cli_command_has_help(command):
     )
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
+
+
+PACKAGES = ("pipeline", "data_prep", "train", "export", "serve_eval")
+
+
+def _module_file(name: str) -> Path | None:
+    path = REPO.joinpath(*name.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every project module `path` imports, at the top or lazily inside a function."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return {name for name in names if name.split(".")[0] in PACKAGES and _module_file(name)}
+
+
+def import_closure(module: str) -> set[str]:
+    """Repo-relative source files a stage's entry module runs, including its packages' __init__."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # parent packages run first
+        todo.extend(_imported_modules(_module_file(name)))
+    return {_module_file(name).relative_to(REPO).as_posix() for name in seen}
+
+
+def _code_deps(stage: str) -> list[str]:
+    return [dep for dep in STAGES[stage].get("deps", []) if dep.split("/")[0] in PACKAGES]
+
+
+@pytest.mark.parametrize("stage", FLOW)
+def test_stage_deps_are_its_import_closure(stage):
+    """Editing a file a stage runs must rerun it; editing one it does not run must not."""
+    closure = import_closure(shlex.split(STAGES[stage]["cmd"])[2])
+    listed: set[str] = set()
+    for dep in _code_deps(stage):
+        path = REPO / dep
+        listed |= {p.relative_to(REPO).as_posix() for p in path.rglob("*.py")} if path.is_dir() else {dep}
+    missing, extra = sorted(closure - listed), sorted(listed - closure)
+    assert not missing, f"{stage}: dvc.yaml deps lack files the stage imports: {missing}"
+    assert not extra, f"{stage}: dvc.yaml deps list files the stage never imports: {extra}"

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,7 @@ from pipeline.registry import CHAMPION, PREVIOUS_CHAMPION, Registry, registered_
 from tests.tiny_models import tiny_qwen3, tiny_tokenizer
 
 EXPERIMENT = "draftline-test"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def domain_metrics(tau: float, speedup: float | None) -> dict:
@@ -259,3 +265,111 @@ def test_stale_or_missing_inputs_fail_cleanly(tmp_path_factory, store, tokenizer
         assert promote.main(["--params", str(ws.params)]) == 1
         assert "trained against verifier some-other-verifier" in capsys.readouterr().err
         assert not (ws.root / "metrics/promotion.json").exists()
+
+
+def _promote_in_subprocess(root: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipeline.promote", "--params", "params.yaml"], cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_concurrent_promotions_register_one_version(tmp_path, tokenizer_dir):
+    """Two real processes promote the same evaluation at once: one version, aliases intact."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "ws").mkdir()
+    ws = Workspace(tmp_path / "ws", store, "race", tokenizer_dir)
+    ws.write_ar_checkpoint(seed=1)
+    ws.write_training("ar", None)
+    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ws.root)
+        ws.promote()  # v1 becomes champion; the race below is about its successor
+    ws.write_ar_checkpoint(seed=2)
+    ws.write_eval({"ar": drafter_eval(2.5, 2.5)})
+    first, second = _promote_in_subprocess(ws.root), _promote_in_subprocess(ws.root)
+    for process in (first, second):
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+    registry = Registry(store)
+    versions = registry.versions(ws.name("ar"))
+    assert [v.version for v in versions] == [1, 2]
+    assert registry.alias_version(ws.name("ar"), CHAMPION).version == 2
+    assert registry.alias_version(ws.name("ar"), PREVIOUS_CHAMPION).version == 1
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"", "is empty (0 bytes)"),
+    (b"this is not a database" * 100, "is not an SQLite database"),
+])
+def test_empty_or_foreign_store_is_refused_with_one_line(tmp_path, tokenizer_dir, capsys, content, expected):
+    (tmp_path / "mlflow.db").write_bytes(content)
+    ws = Workspace(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "corrupt", tokenizer_dir)
+    ws.write_ar_checkpoint(seed=1)
+    ws.write_training("ar", None)
+    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        capsys.readouterr()
+        assert promote.main(["--params", str(ws.params)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert expected in err and "mlflow.db" in err and "\n" not in err
+    assert (tmp_path / "mlflow.db").read_bytes() == content  # never replaced by a new registry
+    assert not (tmp_path / "metrics/promotion.json").exists()
+
+
+def test_damaged_sqlite_store_is_one_line(tmp_path, tokenizer_dir, capsys):
+    database = tmp_path / "mlflow.db"
+    Registry(f"sqlite:///{database}").experiment_id("x")  # a real store...
+    data = bytearray(database.read_bytes())
+    data[100:] = b"\xff" * (len(data) - 100)  # ...with every page after the header destroyed
+    database.write_bytes(bytes(data))
+    ws = Workspace(tmp_path, f"sqlite:///{database}", "damaged", tokenizer_dir)
+    ws.write_ar_checkpoint(seed=1)
+    ws.write_training("ar", None)
+    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        capsys.readouterr()
+        assert promote.main(["--params", str(ws.params)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "mlflow.db" in err and "Traceback" not in err and "\n" not in err
+
+
+def test_dead_tracking_server_fails_fast(tmp_path, tokenizer_dir, capsys):
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ws = Workspace(tmp_path, f"http://127.0.0.1:{port}", "dead", tokenizer_dir)
+    ws.write_ar_checkpoint(seed=1)
+    ws.write_training("ar", None)
+    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+    started = time.monotonic()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        capsys.readouterr()
+        assert promote.main(["--params", str(ws.params)]) == 1
+    assert time.monotonic() - started < 30
+    err = capsys.readouterr().err.strip()
+    assert f"127.0.0.1:{port} is not reachable" in err and "\n" not in err
+
+
+def test_moved_project_is_refused_instead_of_writing_into_the_old_place(tmp_path, tokenizer_dir, capsys):
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    ws = Workspace(old, f"sqlite:///{old / 'mlflow.db'}", "moved", tokenizer_dir)
+    ws.write_ar_checkpoint(seed=1)
+    ws.write_training("ar", None)
+    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(old)
+        ws.promote()
+    shutil.copytree(old, new)
+    moved = Workspace(new, f"sqlite:///{new / 'mlflow.db'}", "moved", tokenizer_dir)
+    moved.write_ar_checkpoint(seed=2)
+    moved.write_eval({"ar": drafter_eval(2.5, 2.5)})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(new)
+        capsys.readouterr()
+        assert promote.main(["--params", str(moved.params)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "keeps artifacts in" in err and str(old / "mlruns") in err and "\n" not in err

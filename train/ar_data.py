@@ -72,6 +72,35 @@ class BucketedBatches(torch.utils.data.Dataset):
         return sum(len(tokens) - prompt_len for tokens, prompt_len in self.rows)
 
 
+class ResumableShuffle(torch.utils.data.Sampler[int]):
+    """A fresh permutation each epoch, drawn from (seed, epoch) only, that can start mid-epoch: a run
+    resumed from a checkpoint sees exactly the batches the uninterrupted run would have seen.
+
+    Lightning sets the epoch (`set_epoch`); the position inside it comes from the checkpoint.
+    """
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seed = size, seed
+        self.epoch = 0
+        self.resume_epoch, self.resume_offset = 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def resume_after(self, consumed: int) -> None:
+        self.resume_epoch, self.resume_offset = divmod(consumed, self.size)
+        # Lightning draws the first batch before its first `set_epoch` call of a run.
+        self.epoch = self.resume_epoch
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+        start = self.resume_offset if self.epoch == self.resume_epoch else 0
+        return iter(order[start:].tolist())
+
+
 class CorpusDataModule(LightningDataModule):
     """Train/validation batches over the corpus; `batches_type` turns a split into pre-built batches."""
 
@@ -88,9 +117,20 @@ class CorpusDataModule(LightningDataModule):
         self.train_set = self.batches_type(corpus["train"], max_len, batch_size, pad_id, seed)
         self.val_set = self.batches_type(corpus[val_split], max_len, batch_size, pad_id, seed)
         self.num_workers = num_workers
+        self.sampler = ResumableShuffle(len(self.train_set), seed)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=None, shuffle=True, num_workers=self.num_workers)
+        return DataLoader(self.train_set, batch_size=None, sampler=self.sampler, num_workers=self.num_workers)
+
+    # Saved in and restored from Lightning checkpoints.
+    def state_dict(self) -> dict:
+        # Checkpoints are written after an optimizer step, so every batch of the finished steps was used
+        # (by every process: the distributed wrapper deals the one shuffled order out round-robin).
+        trainer = self.trainer
+        return {"batches_consumed": trainer.global_step * trainer.accumulate_grad_batches * trainer.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.resume_after(int(state.get("batches_consumed", 0)))
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=None, shuffle=False, num_workers=self.num_workers)

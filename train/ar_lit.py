@@ -98,7 +98,6 @@ class ARDistillModule(DrafterModule):
         self.trainer_cfg = trainer_cfg
         self.draft_tokens = draft_tokens
         self.tokens_seen = 0
-        self.last_validation: dict = {}
         self._tally = AcceptanceTally(draft_tokens)
         self._match_counts = torch.zeros(2, dtype=torch.float64)
 
@@ -137,4 +136,3 @@ class ARDistillModule(DrafterModule):
             self.log(f"val/top1_pos{position}", rate, rank_zero_only=True)
         self.log("val/acceptance_length", summary["simulated_acceptance_length"], rank_zero_only=True, prog_bar=True)
         self.log("val/top1_agreement", summary["token_top1_agreement"], rank_zero_only=True)
-        self.last_validation = summary

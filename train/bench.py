@@ -61,7 +61,7 @@ def measure(params: Params, strategy: str, steps: int, warmup: int) -> float:
         "offload_optimizer": False, "offload_parameters": False,
     })
     paths = ArtifactPaths.from_params(params)
-    verifier, tokenizer = load_verifier(paths, params.verifier.dtype)
+    verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
     drafter = build_ar_drafter(cfg, verifier, tokenizer, seed=params.project.seed)
     data = ARDataModule(load_corpus(paths), pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len,
                         batch_size=tcfg.batch_size, seed=params.project.seed)

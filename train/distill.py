@@ -62,8 +62,8 @@ def distill(params: Params, make_recipe: RecipeFactory) -> dict | None:
     """Train and save one drafter; returns training.json's content on rank 0 (None elsewhere)."""
     started = time.perf_counter()
     paths = ArtifactPaths.from_params(params)
-    verifier, tokenizer = load_verifier(paths, params.verifier.dtype)
-    corpus = load_corpus(paths)
+    verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
+    corpus = load_corpus(paths, verifier.config.vocab_size)
     identity, data_hash = verifier_identity(paths), corpus_hash(paths)
     recipe = make_recipe(params, verifier, tokenizer, corpus)
     kind, cfg = recipe.kind, recipe.config
@@ -75,10 +75,16 @@ def distill(params: Params, make_recipe: RecipeFactory) -> dict | None:
     resume = resume_checkpoint(paths.checkpoints(kind), fingerprint)
     if resume and is_rank_zero():
         info(f"resuming from {resume}")
-    logger = make_mlflow_logger(params, kind)
+    logger = make_mlflow_logger(params, kind, paths.checkpoints(kind))
     module = recipe.make_module()
     trainer = build_trainer(recipe.trainer_config, checkpoint_dir=paths.checkpoints(kind), logger=logger)
-    trainer.fit(module, datamodule=recipe.data, ckpt_path=resume)
+    try:
+        trainer.fit(module, datamodule=recipe.data, ckpt_path=resume)
+    except SystemExit:
+        # Lightning turns Ctrl-C into a graceful shutdown and exit(1); every other stage exits 130.
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
 
     state = full_state_dict(module.drafter, trainer)  # collective under ZeRO-3: every rank gathers
     tokens = int(trainer.strategy.reduce(torch.tensor(float(module.tokens_seen)), reduce_op="sum").item())

@@ -45,10 +45,6 @@ def uses_gpu(cfg: TrainerConfig) -> bool:
     return cfg.accelerator == "auto" and torch.cuda.is_available()
 
 
-def is_deepspeed(cfg: TrainerConfig) -> bool:
-    return cfg.strategy.startswith("deepspeed")
-
-
 def make_strategy(cfg: TrainerConfig) -> Strategy | str:
     """The Lightning strategy for `cfg.strategy` (+ offload options); a name Lightning resolves otherwise."""
     if cfg.strategy == "auto":

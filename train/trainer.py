@@ -23,6 +23,7 @@ from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.config import Params, TrainerConfig
 from pipeline.lineage import read_json
 from pipeline.paths import DrafterKind
+from pipeline.progress import info
 from pipeline.tracking import tracking_uri
 from train.strategies import make_strategy, uses_gpu
 
@@ -104,18 +105,36 @@ def resolve_precision(cfg: TrainerConfig) -> str:
     return cfg.precision
 
 
+def _readable_checkpoint(path: Path) -> bool:
+    """A DeepSpeed checkpoint is a directory (trusted as written); a file must open as a Lightning
+    checkpoint. mmap keeps this cheap for big files: a truncated zip fails on its directory."""
+    if path.is_dir():
+        return True
+    try:
+        return "global_step" in torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception:  # any failure to read means the same thing here: not usable
+        return False
+
+
 def resume_checkpoint(checkpoint_dir: Path, fingerprint: dict) -> str | None:
     """The checkpoint to resume from, or None to start fresh.
 
     Checkpoints from a run with a different fingerprint (model shape, loss, data) are discarded
-    rather than loaded into an incompatible model. Only rank 0 deletes; others only read.
+    rather than loaded into an incompatible model. A damaged `last.ckpt` (a kill during its write,
+    a full disk) falls back to the newest intact step checkpoint. Only rank 0 deletes; others only read.
     """
     checkpoint_dir = Path(checkpoint_dir)
     record = checkpoint_dir / FINGERPRINT_FILE
-    last = checkpoint_dir / LAST_CHECKPOINT
     matches = record.is_file() and read_json(record) == fingerprint
-    if matches and last.exists():
-        return str(last)
+    if matches:
+        newest_first = [checkpoint_dir / LAST_CHECKPOINT, *sorted(checkpoint_dir.glob("step*.ckpt"), reverse=True)]
+        for candidate in (path for path in newest_first if path.exists()):
+            if _readable_checkpoint(candidate):
+                return str(candidate)
+            if is_rank_zero():
+                info(f"checkpoint {candidate} is damaged; trying an older one")
+        if is_rank_zero() and any(path.exists() for path in newest_first):
+            info(f"no intact checkpoint in {checkpoint_dir}; training from the start")
     if is_rank_zero():
         if checkpoint_dir.exists() and not matches:
             shutil.rmtree(checkpoint_dir)
@@ -175,14 +194,30 @@ class DrafterModule(LightningModule):
         self.tokens_seen = int(checkpoint.get("draftline_tokens_seen", 0))
 
 
-def make_mlflow_logger(params: Params, kind: DrafterKind, run_name: str | None = None) -> MLFlowLogger:
-    return MLFlowLogger(
+TAG_CHECKPOINTS = "draftline.checkpoint_dir"
+
+
+def make_mlflow_logger(params: Params, kind: DrafterKind, checkpoint_dir: Path) -> MLFlowLogger:
+    """The run is tagged with its checkpoint dir: runs left RUNNING there by a killed process are
+    marked KILLED when training starts again (the dir is single-writer, so none can still be alive)."""
+    checkpoints = str(Path(checkpoint_dir).resolve())
+    logger = MLFlowLogger(
         experiment_name=params.promote.experiment,
-        run_name=run_name or f"train_{kind}",
+        run_name=f"train_{kind}",
         tracking_uri=tracking_uri(params),
-        tags={"draftline.kind": kind, "draftline.stage": "train"},
+        tags={"draftline.kind": kind, "draftline.stage": "train", TAG_CHECKPOINTS: checkpoints},
         log_model=False,
     )
+    if is_rank_zero():
+        client, experiment_id = logger.experiment, logger.experiment_id
+        abandoned = client.search_runs(
+            [experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`{TAG_CHECKPOINTS}` = '{checkpoints}'"
+        )
+        for run in abandoned:
+            client.set_terminated(run.info.run_id, status="KILLED")
+        if abandoned:
+            info(f"marked {len(abandoned)} MLflow run(s) left RUNNING by an interrupted training as KILLED")
+    return logger
 
 
 def flatten(prefix: str, obj: object) -> dict[str, object]:

@@ -45,7 +45,7 @@ class Engine(Protocol):
 
 @contextlib.contextmanager
 def open_engine(config: CorpusConfig, *, model_location: str, dtype: str, tokenizer, log_dir: Path,
-                model=None) -> Iterator[Engine]:
+                model=None, trust_remote_code: bool = False) -> Iterator[Engine]:
     """The configured engine, ready to generate; a server the engine started is stopped on exit."""
     if config.engine == "hf":
         from data_prep.engines.hf import HFEngine
@@ -60,7 +60,7 @@ def open_engine(config: CorpusConfig, *, model_location: str, dtype: str, tokeni
     from data_prep.engines.vllm_server import vllm_server
 
     with vllm_server(model_location, config.vllm, dtype=config.vllm.dtype or dtype,
-                     log_path=log_dir / "vllm-serve.log") as server:
+                     log_path=log_dir / "vllm-serve.log", trust_remote_code=trust_remote_code) as server:
         engine = OpenAIEngine([server.url], tokenizer, config, name="vllm")
         engine.settings["vllm"] = {**config.vllm.model_dump(mode="json"), "dtype": server.dtype}
         yield engine

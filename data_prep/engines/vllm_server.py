@@ -55,7 +55,7 @@ CPU_SEEDED_SAMPLING_ARGS = ["--no-enable-chunked-prefill"]
 
 
 def serve_command(python: Path, model: str, config: VllmConfig, *, dtype: str, port: int,
-                  cpu: bool = False) -> list[str]:
+                  cpu: bool = False, trust_remote_code: bool = False) -> list[str]:
     return [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
         "--served-model-name", "verifier", "--host", "127.0.0.1", "--port", str(port),
@@ -67,6 +67,7 @@ def serve_command(python: Path, model: str, config: VllmConfig, *, dtype: str, p
         "--generation-config", "vllm",
         *(["--max-model-len", str(config.max_model_len)] if config.max_model_len else []),
         *(CPU_SEEDED_SAMPLING_ARGS if cpu else []),
+        *(["--trust-remote-code"] if trust_remote_code else []),
         *config.extra_args,
     ]
 
@@ -146,7 +147,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def vllm_server(model: str, config: VllmConfig, *, dtype: str, log_path: Path) -> Iterator[Server]:
+def vllm_server(model: str, config: VllmConfig, *, dtype: str, log_path: Path,
+                trust_remote_code: bool = False) -> Iterator[Server]:
     """`vllm serve model` on 127.0.0.1, ready (GET /health is 200) inside the block, gone after it."""
     python = serve_python()
     if python is None:
@@ -155,7 +157,8 @@ def vllm_server(model: str, config: VllmConfig, *, dtype: str, log_path: Path) -
             "(or point DRAFTLINE_SERVE_PYTHON at a python with vllm installed)"
         )
     port = free_port()
-    command = serve_command(python, model, config, dtype=dtype, port=port, cpu=on_cpu())
+    command = serve_command(python, model, config, dtype=dtype, port=port, cpu=on_cpu(),
+                            trust_remote_code=trust_remote_code)
     # The serve env stands alone: our PYTHONPATH (draftline, its pins) must not leak into it.
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
