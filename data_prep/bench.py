@@ -108,8 +108,13 @@ def vllm_tokens(engine: OpenAIEngine, prompts: list[list[int]], max_new_tokens: 
 
 def run_vllm(params: Params, args: argparse.Namespace, model, tokenizer, what: str,
              prompts: list[list[int]]) -> None:
-    """HF batched vs `vllm serve` on the same prompts, greedy, both after a warm-up."""
+    """HF batched vs `vllm serve` on the same prompts, greedy, after a warm-up of each.
+
+    The two alternate `--repeats` times and each keeps its best round: on a shared machine, load
+    that comes and goes then hits both sides alike instead of whichever ran during a spike.
+    """
     paths = ArtifactPaths.from_params(params)
+    hf_runs, vllm_runs = [], []
     with tempfile.TemporaryDirectory() as scratch:
         if (paths.verifier / "verifier.json").is_file():
             location = model_location(paths, read_record(paths))
@@ -117,21 +122,24 @@ def run_vllm(params: Params, args: argparse.Namespace, model, tokenizer, what: s
             location = str(Path(scratch) / "model")
             model.save_pretrained(location)
             tokenizer.save_pretrained(location)
-        batched(model, tokenizer, prompts[: args.batch], 4, args.batch)
-        hf_tokens, hf_seconds = timed(batched, model, tokenizer, prompts, args.max_new_tokens, args.batch)
         config = params.corpus.model_copy(update={"concurrency": len(prompts)})
         with vllm_server(location, config.vllm, dtype=config.vllm.dtype or params.verifier.dtype,
                          log_path=Path(scratch) / "vllm-serve.log") as server:
             engine = OpenAIEngine([server.url], tokenizer, config, name="vllm")
-            vllm_tokens(engine, prompts[: args.batch], 4)  # warm-up
-            vllm_generated, vllm_seconds = timed(vllm_tokens, engine, prompts, args.max_new_tokens)
-    hf_rate, vllm_rate = hf_tokens / hf_seconds, vllm_generated / vllm_seconds
+            batched(model, tokenizer, prompts[: args.batch], 4, args.batch)  # warm-ups
+            vllm_tokens(engine, prompts[: args.batch], 4)
+            for _ in range(args.repeats):
+                hf_runs.append(timed(batched, model, tokenizer, prompts, args.max_new_tokens, args.batch))
+                vllm_runs.append(timed(vllm_tokens, engine, prompts, args.max_new_tokens))
+    hf_rate = max(tokens / seconds for tokens, seconds in hf_runs)
+    vllm_rate = max(tokens / seconds for tokens, seconds in vllm_runs)
     print_summary(f"verifier generation throughput: {what}", {
         f"HF batched (batch {args.batch}) tokens/s": round(hf_rate, 1),
         f"vLLM {engine.describe()['version']} ({len(prompts)} in flight) tokens/s": round(vllm_rate, 1),
         "ratio vLLM / HF batched": f"{vllm_rate / hf_rate:.2f}x",
-        "tokens HF / vLLM": f"{hf_tokens} / {vllm_generated}",
-        "seconds HF / vLLM": f"{hf_seconds:.1f} / {vllm_seconds:.1f}",
+        "tokens HF / vLLM": f"{hf_runs[0][0]} / {vllm_runs[0][0]}",
+        "rounds HF tokens/s": ", ".join(f"{t / s:.1f}" for t, s in hf_runs),
+        "rounds vLLM tokens/s": ", ".join(f"{t / s:.1f}" for t, s in vllm_runs),
     })
     print(f"HF batched {hf_rate:.1f} tok/s, vLLM {vllm_rate:.1f} tok/s, ratio {vllm_rate / hf_rate:.2f}x")
 
@@ -168,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2, help="--engine vllm: alternating rounds, best kept")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                         help="hf: batched vs naive HF loop; vllm: HF batched vs vllm serve (needs make serve-env)")
     return run_stage(parser, run, argv)
