@@ -409,7 +409,7 @@ def test_no_server_outlives_the_stage(tmp_path, how):
 
 
 def test_missing_serve_env_is_one_clear_line(tmp_path):
-    params = make_project(tmp_path, prompts=2, chat=0, engine="vllm")
+    params = make_project(tmp_path, prompts=12, chat=0, engine="vllm")
     process = stage(params, DRAFTLINE_SERVE_PYTHON=str(tmp_path / "nowhere" / "python"))
     _, stderr = process.communicate(timeout=120)
     errors = [line for line in stderr.splitlines() if "error" in line]
