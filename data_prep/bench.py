@@ -4,23 +4,31 @@
 Same prompts, same process, greedy. Uses the demo verifier in `artifacts/verifier` when it exists,
 otherwise a freshly initialised model of the default bootstrap size (throughput does not depend on
 the weights, only on the shapes).
+
+`--engine vllm` compares the HF batched path with the `corpus.engine: vllm` path instead: the
+stage's `vllm serve` (from `.venv-serve`, started before timing) gets every prompt in flight at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from data_prep.bootstrap_verifier import build_model
+from data_prep.engines import Request
+from data_prep.engines.openai_client import OpenAIEngine
+from data_prep.engines.vllm_server import vllm_server
 from data_prep.generate import generate_batch
 from data_prep.sources import Prompt, stable_order, stdlib_code_prompts, stdlib_text_prompts
 from data_prep.tokenizer import train_bpe_tokenizer
-from data_prep.verifier import load_verifier
+from data_prep.verifier import load_verifier, model_location, read_record
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
+from pipeline.config import Params, SamplingConfig
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 
@@ -93,11 +101,57 @@ def timed(function, *args) -> tuple[int, float]:
     return tokens, time.perf_counter() - start
 
 
+def vllm_tokens(engine: OpenAIEngine, prompts: list[list[int]], max_new_tokens: int) -> int:
+    requests = [Request(tuple(prompt), SamplingConfig(), max_new_tokens, seed=0) for prompt in prompts]
+    return sum(len(result.response_ids) for result in engine.generate(requests, lambda n: None))
+
+
+def run_vllm(params: Params, args: argparse.Namespace, model, tokenizer, what: str,
+             prompts: list[list[int]]) -> None:
+    """HF batched vs `vllm serve` on the same prompts, greedy, after a warm-up of each.
+
+    The two alternate `--repeats` times and each keeps its best round: on a shared machine, load
+    that comes and goes then hits both sides alike instead of whichever ran during a spike.
+    """
+    paths = ArtifactPaths.from_params(params)
+    hf_runs, vllm_runs = [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        if (paths.verifier / "verifier.json").is_file():
+            location = model_location(paths, read_record(paths))
+        else:  # the freshly initialised model must be on disk for the server
+            location = str(Path(scratch) / "model")
+            model.save_pretrained(location)
+            tokenizer.save_pretrained(location)
+        config = params.corpus.model_copy(update={"concurrency": len(prompts)})
+        with vllm_server(location, config.vllm, dtype=config.vllm.dtype or params.verifier.dtype,
+                         log_path=Path(scratch) / "vllm-serve.log") as server:
+            engine = OpenAIEngine([server.url], tokenizer, config, name="vllm")
+            batched(model, tokenizer, prompts[: args.batch], 4, args.batch)  # warm-ups
+            vllm_tokens(engine, prompts[: args.batch], 4)
+            for _ in range(args.repeats):
+                hf_runs.append(timed(batched, model, tokenizer, prompts, args.max_new_tokens, args.batch))
+                vllm_runs.append(timed(vllm_tokens, engine, prompts, args.max_new_tokens))
+    hf_rate = max(tokens / seconds for tokens, seconds in hf_runs)
+    vllm_rate = max(tokens / seconds for tokens, seconds in vllm_runs)
+    print_summary(f"verifier generation throughput: {what}", {
+        f"HF batched (batch {args.batch}) tokens/s": round(hf_rate, 1),
+        f"vLLM {engine.describe()['version']} ({len(prompts)} in flight) tokens/s": round(vllm_rate, 1),
+        "ratio vLLM / HF batched": f"{vllm_rate / hf_rate:.2f}x",
+        "tokens HF / vLLM": f"{hf_runs[0][0]} / {vllm_runs[0][0]}",
+        "rounds HF tokens/s": ", ".join(f"{t / s:.1f}" for t, s in hf_runs),
+        "rounds vLLM tokens/s": ", ".join(f"{t / s:.1f}" for t, s in vllm_runs),
+    })
+    print(f"HF batched {hf_rate:.1f} tok/s, vLLM {vllm_rate:.1f} tok/s, ratio {vllm_rate / hf_rate:.2f}x")
+
+
 def run(params: Params, args: argparse.Namespace) -> None:
     model, tokenizer, what = bench_model(params)
     prompts = bench_prompts(tokenizer, args.prompts, params.corpus.prompt_max_tokens)
     info(f"benchmark model: {what}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
          f"batch {args.batch}, {torch.get_num_threads()} threads")
+    if args.engine == "vllm":
+        run_vllm(params, args, model, tokenizer, what, prompts)
+        return
     batched(model, tokenizer, prompts[: args.batch], 4, args.batch)  # warm-up (allocator, kernels)
     naive_tokens, naive_seconds = timed(naive_loop, model, tokenizer, prompts, args.max_new_tokens)
     batched_tokens, batched_seconds = timed(batched, model, tokenizer, prompts, args.max_new_tokens, args.batch)
@@ -122,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2, help="--engine vllm: alternating rounds, best kept")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                        help="hf: batched vs naive HF loop; vllm: HF batched vs vllm serve (needs make serve-env)")
     return run_stage(parser, run, argv)
 
 

@@ -4,11 +4,17 @@ Work is cut into shards of `shard_size` prompts, each committed atomically under
 `paths.corpus_shards/<fingerprint>/`. The fingerprint covers the verifier hash, the corpus params and
 the exact prompt list, so a restart (even after SIGKILL) reuses only shards made for the same inputs,
 and the final corpus equals an uninterrupted run's.
+
+The verifier runs through `corpus.engine` (`data_prep.engines`): in-process HF generation, a `vllm
+serve` the stage starts (only when some shard is left to generate), or running OpenAI-compatible
+endpoints. Where the engine, its endpoints or its concurrency change between runs, finished shards
+still count: only what decides the outputs is in the fingerprint.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import shutil
@@ -19,12 +25,12 @@ from pathlib import Path
 from typing import Sequence
 
 import datasets
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from data_prep.corpus import COLUMNS, SPLITS, STATS_NAME
-from data_prep.generate import generate_batch
+from data_prep.engines import Engine, Request, open_engine
 from data_prep.sources import DOMAINS, collect_prompts, split_of, stable_hash
-from data_prep.verifier import load_verifier, verifier_identity
+from data_prep.verifier import load_verifier, model_location, read_record, verifier_identity
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import CorpusConfig, Params
@@ -53,31 +59,60 @@ class WorkItem:
     prompt: str  # the (truncated) prompt text the verifier saw
     prompt_ids: tuple[int, ...]
     seed: int
+    chat_text: str | None = None  # a chat prompt's (truncated) user turn, before the template
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, user_text: str) -> list[int]:
+    """The verifier's chat template around one user turn, ready for the assistant's answer."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": user_text}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    return list(ids)
 
 
 def work_items(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> list[WorkItem]:
-    """Prompts truncated to their last `prompt_max_tokens` tokens, ordered by length so batches pad little."""
+    """Prompts truncated to their last `prompt_max_tokens` tokens, ordered by length so batches pad little.
+
+    A chat-source prompt, when the verifier has a chat template, becomes the templated ids of its
+    (truncated) user turn: the limit applies to the user's text, the template adds its own tokens.
+    """
     items = []
     for prompt in collect_prompts(config):
         ids = tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"][-config.prompt_max_tokens:]
         if not ids:
             continue
+        chat_text = None
+        if prompt.chat and tokenizer.chat_template:
+            chat_text = tokenizer.decode(ids)
+            ids = chat_prompt_ids(tokenizer, chat_text)
         digest = hashlib.sha256(prompt.prompt.encode()).hexdigest()[:16]
         items.append(WorkItem(
             id=f"{prompt.domain}-{digest}", domain=prompt.domain, source=prompt.source,
             split=split_of(prompt.prompt, config.split), prompt=tokenizer.decode(ids), prompt_ids=tuple(ids),
-            seed=stable_hash(digest, f"seed{config.seed}") % 2**31,
+            seed=stable_hash(digest, f"seed{config.seed}") % 2**31, chat_text=chat_text,
         ))
     return sorted(items, key=lambda item: (len(item.prompt_ids), item.id))
+
+
+# How the engine is reached, not what it computes: changing these keeps finished shards valid.
+RUNTIME_ONLY = {"endpoints": True, "concurrency": True, "request_timeout_s": True, "retries": True,
+                "vllm": {"startup_timeout_s"}}
 
 
 def fingerprint(verifier_hash: str, config: CorpusConfig, items: list[WorkItem]) -> str:
     digest = hashlib.sha256()
     digest.update(verifier_hash.encode())
-    digest.update(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode())
+    digest.update(json.dumps(config.model_dump(mode="json", exclude=RUNTIME_ONLY), sort_keys=True).encode())
     for item in items:
         digest.update(f"{item.id}:{item.split}:{item.seed}:{','.join(map(str, item.prompt_ids))}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def load_verifier_tokenizer(location: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, local_files_only=True)
+    except (OSError, ValueError, KeyError, ImportError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DraftlineError(f"cannot load the verifier's tokenizer from '{location}' ({first_line})") from None
 
 
 # --------------------------------------------------------------------------- shards
@@ -87,60 +122,76 @@ def shard_path(shard_dir: Path, index: int) -> Path:
     return shard_dir / f"shard-{index:05d}.json"
 
 
-def read_shard(path: Path, key: str, expected_ids: list[str]) -> list[dict] | None:
-    """A committed shard's rows, or None when it is damaged or does not match what this run would write."""
+def load_shard(path: Path, key: str, expected_ids: list[str]) -> dict | None:
+    """A committed shard, or None when it is damaged or does not match what this run would write."""
     try:
         shard = json.loads(path.read_text(encoding="utf-8"))
-        rows = shard["rows"]
-        valid = shard["fingerprint"] == key and [row["id"] for row in rows] == expected_ids
+        valid = shard["fingerprint"] == key and [row["id"] for row in shard["rows"]] == expected_ids
     except (OSError, ValueError, KeyError, TypeError):
         valid = False
-    return rows if valid else None
+    return shard if valid else None
 
 
-def generate_shard(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: CorpusConfig,
-                   items: list[WorkItem], bar) -> list[dict]:
+def read_shard(path: Path, key: str, expected_ids: list[str]) -> list[dict] | None:
+    shard = load_shard(path, key, expected_ids)
+    return None if shard is None else shard["rows"]
+
+
+def generate_shard(engine: Engine, config: CorpusConfig, items: list[WorkItem], bar) -> list[dict]:
+    requests = [Request(item.prompt_ids, config.sampling, config.max_new_tokens, item.seed, item.chat_text)
+                for item in items]
+    results = engine.generate(requests, bar.update)
     rows = []
-    for start in range(0, len(items), config.batch_size):
-        batch = items[start : start + config.batch_size]
-        continuations = generate_batch(
-            model, [item.prompt_ids for item in batch], max_new_tokens=config.max_new_tokens,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-            sampling=config.sampling, seeds=[item.seed for item in batch],
-        )
-        for item, continuation in zip(batch, continuations):
-            rows.append({
-                "id": item.id, "domain": item.domain, "source": item.source, "split": item.split,
-                "prompt": item.prompt, "prompt_ids": list(item.prompt_ids),
-                "response_ids": continuation.response_ids, "finish_reason": continuation.finish_reason,
-                "temperature": config.sampling.temperature, "seed": item.seed,
-            })
-        bar.update(len(batch))
-        bar.set_postfix(tokens=sum(len(r["response_ids"]) for r in rows))
+    for item, request, result in zip(items, requests, results):
+        rows.append({
+            "id": item.id, "domain": item.domain, "source": item.source, "split": item.split,
+            # a server's templated prompt is what the verifier saw, even where our template differs
+            "prompt": item.prompt, "prompt_ids": result.prompt_ids,
+            "response_ids": result.response_ids, "finish_reason": result.finish_reason,
+            "temperature": request.sampling.temperature, "seed": item.seed,
+            # for the stats only (not corpus columns)
+            "retokenized": result.retokenized, "template_mismatch": result.prompt_ids != list(item.prompt_ids),
+        })
+    bar.set_postfix(tokens=sum(len(r["response_ids"]) for r in rows))
     return rows
 
 
-def generate_all(model, tokenizer, config: CorpusConfig, items: list[WorkItem], shard_dir: Path, key: str) -> tuple[list[dict], int]:
-    """Rows for every item, reusing committed shards; returns (rows, number of shards reused)."""
+def generate_all(start_engine, config: CorpusConfig, items: list[WorkItem], shard_dir: Path,
+                 key: str) -> tuple[list[dict], int, list[dict], int]:
+    """Rows for every item, reusing committed shards.
+
+    Returns (rows, shards reused, the engines that made the shards, response tokens generated now).
+
+    `start_engine()` is called only when a shard is left to generate: a full resume starts no server.
+    """
     shards = [items[i : i + config.shard_size] for i in range(0, len(items), config.shard_size)]
     rows: list[dict] = []
     reused = 0
+    engines: list[dict] = []
+    engine = None
+    generated_tokens = 0
     bar = progress(desc="build corpus", total=len(items), unit="prompt")
     for index, shard in enumerate(shards):
         path = shard_path(shard_dir, index)
-        committed = read_shard(path, key, [item.id for item in shard]) if path.exists() else None
+        committed = load_shard(path, key, [item.id for item in shard]) if path.exists() else None
         if committed is not None:
-            rows.extend(committed)
+            rows.extend(committed["rows"])
+            description = committed.get("engine", {"name": "hf"})
             reused += 1
             bar.update(len(shard))
-            continue
-        if path.exists():
-            info(f"corpus shard {path} is damaged or stale; regenerating only that shard")
-        shard_rows = generate_shard(model, tokenizer, config, shard, bar)
-        write_json_atomic(path, {"fingerprint": key, "index": index, "rows": shard_rows})
-        rows.extend(shard_rows)
+        else:
+            if path.exists():
+                info(f"corpus shard {path} is damaged or stale; regenerating only that shard")
+            engine = engine or start_engine()
+            description = engine.describe()
+            shard_rows = generate_shard(engine, config, shard, bar)
+            write_json_atomic(path, {"fingerprint": key, "index": index, "engine": description, "rows": shard_rows})
+            rows.extend(shard_rows)
+            generated_tokens += sum(len(row["response_ids"]) for row in shard_rows)
+        if description not in engines:
+            engines.append(description)
     bar.close()
-    return rows, reused
+    return rows, reused, engines, generated_tokens
 
 
 def prepare_shard_dir(root: Path, key: str) -> Path:
@@ -166,6 +217,14 @@ def build_dataset(rows: list[dict]) -> datasets.DatasetDict:
         content = hashlib.sha256(json.dumps(columns, sort_keys=True).encode()).hexdigest()[:16]
         splits[split] = datasets.Dataset(table.data, info=table.info, fingerprint=f"{split}-{content}")
     return datasets.DatasetDict(splits)
+
+
+def roundtrip_mismatches(tokenizer: PreTrainedTokenizerBase, rows: list[dict]) -> int:
+    """Responses whose ids do not survive decode -> encode: re-tokenised text would have changed them."""
+    return sum(
+        tokenizer(tokenizer.decode(row["response_ids"]), add_special_tokens=False)["input_ids"] != row["response_ids"]
+        for row in rows
+    )
 
 
 def corpus_stats(rows: list[dict]) -> dict:
@@ -195,18 +254,42 @@ def run(params: Params, args: argparse.Namespace) -> None:
     paths = ArtifactPaths.from_params(params)
     start = time.perf_counter()
     datasets.disable_progress_bars()  # one progress bar (ours) per stage
-    model, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
+    record = read_record(paths)
+    location = model_location(paths, record)
+    if config.engine == "hf":
+        model, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
+    else:  # the server holds the model; this process needs only the tokenizer
+        model, tokenizer = None, load_verifier_tokenizer(location, params.verifier.trust_remote_code)
     identity = verifier_identity(paths)
     items = work_items(config, tokenizer)
     key = fingerprint(identity["hash"], config, items)
     shard_dir = prepare_shard_dir(paths.corpus_shards, key)
     shard_count = -(-len(items) // config.shard_size)
-    info(f"{len(items)} prompts in {shard_count} shards of {config.shard_size} (fingerprint {key})")
+    info(f"{len(items)} prompts in {shard_count} shards of {config.shard_size} (fingerprint {key}, engine {config.engine})")
     generation_start = time.perf_counter()
-    rows, reused = generate_all(model, tokenizer, config, items, shard_dir, key)
-    generation_seconds = time.perf_counter() - generation_start
+    startup_seconds = 0.0  # a server's start is not generation: tokens/s leaves it out
+    with contextlib.ExitStack() as stack:
+        def start_engine() -> Engine:
+            nonlocal startup_seconds
+            begin = time.perf_counter()
+            engine = stack.enter_context(open_engine(config, model_location=location, dtype=params.verifier.dtype,
+                                                     tokenizer=tokenizer, log_dir=paths.corpus_shards, model=model,
+                                                     trust_remote_code=params.verifier.trust_remote_code))
+            startup_seconds = time.perf_counter() - begin
+            return engine
+
+        rows, reused, engines, generated_tokens = generate_all(start_engine, config, items, shard_dir, key)
+        generation_seconds = time.perf_counter() - generation_start - startup_seconds
     stats = corpus_stats(rows)
-    stats.update({"verifier": identity, "fingerprint": key})
+    stats.update({
+        "verifier": identity, "fingerprint": key,
+        "engine": engines[0] if len(engines) == 1 else engines,
+        "sampling": {**config.sampling.model_dump(), "max_new_tokens": config.max_new_tokens,
+                     "seed": f"per prompt (column 'seed', derived from corpus.seed={config.seed})"},
+        "roundtrip_mismatches": roundtrip_mismatches(tokenizer, rows),
+        "retokenized_responses": sum(bool(row.get("retokenized")) for row in rows),
+        "chat_template_mismatches": sum(bool(row.get("template_mismatch")) for row in rows),
+    })
     with atomic_dir(paths.corpus) as tmp:
         build_dataset(rows).save_to_disk(str(tmp))
         write_json_atomic(tmp / STATS_NAME, stats)
@@ -218,7 +301,10 @@ def run(params: Params, args: argparse.Namespace) -> None:
         "mean response length": stats["mean_response_length"],
         "finish eos / length": f"{stats['finish_reasons'].get('eos', 0)} / {stats['finish_reasons'].get('length', 0)}",
         "shards reused": f"{reused} / {shard_count}",
-        "generation tokens/s": round(stats["response_tokens"] / max(generation_seconds, 1e-9), 1) if reused < shard_count else "n/a (all reused)",
+        "engine": ", ".join(dict.fromkeys(f"{e['name']} {e.get('version', '')}".strip() for e in engines)),
+        "engine start seconds": round(startup_seconds, 1),
+        "decode->encode mismatches": stats["roundtrip_mismatches"],
+        "generation tokens/s": round(generated_tokens / max(generation_seconds, 1e-9), 1) if reused < shard_count else "n/a (all reused)",
         "stage seconds": round(time.perf_counter() - start, 1),
         "output": str(paths.corpus),
     })

@@ -31,6 +31,7 @@ class Prompt:
     prompt: str
     domain: str  # 'code' | 'text'
     source: str
+    chat: bool = False  # a user turn: templated as a chat message when the verifier has a chat template
 
 
 # --------------------------------------------------------------------------- built-in sources
@@ -157,7 +158,7 @@ def map_records(records: Iterable[dict], config: PromptSourceConfig, origin: str
                     f"{origin}: field '{config.domain_field}' has value {domain!r}, expected 'code' or 'text'; "
                     "set a fixed 'domain' instead of 'domain_field'"
                 )
-        prompts.append(Prompt(text, domain, origin))
+        prompts.append(Prompt(text, domain, origin, config.chat))
     if records and not prompts:
         keys = sorted(records[0].keys()) if isinstance(records[0], dict) else []
         raise DraftlineError(

@@ -138,6 +138,9 @@ class PromptSourceConfig(Section):
     prompt_field: str = "prompt"
     domain_field: Optional[str] = None
     limit: Optional[int] = Field(None, ge=1)
+    # Prompts are user turns (MT-Bench style): with a chat-template verifier they are sent as chat
+    # messages and the stored prompt ids are the templated ids.
+    chat: StrictBool = False
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "PromptSourceConfig":
@@ -170,6 +173,20 @@ class SplitConfig(Section):
         return self
 
 
+class VllmConfig(Section):
+    """Arguments of the `vllm serve` that `corpus.engine: vllm` starts (see `vllm serve --help`)."""
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(1, ge=1)
+    max_model_len: Optional[int] = Field(None, ge=16, description="null: the model's own limit")
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    dtype: Optional[Literal["auto", "float32", "bfloat16", "float16"]] = Field(
+        None, description="null: verifier.dtype, so the engine computes in the precision HF generation uses"
+    )
+    extra_args: list[str] = Field(default_factory=list, description="appended to the `vllm serve` command line")
+    startup_timeout_s: float = Field(900.0, gt=0)
+
+
 class CorpusConfig(Section):
     sources: list[PromptSourceConfig] = Field(
         default_factory=lambda: [
@@ -188,6 +205,23 @@ class CorpusConfig(Section):
     shard_size: int = Field(64, ge=1)
     seed: int = Field(0, ge=0)
     split: SplitConfig = SplitConfig()
+    # hf: generate in-process (the demo); vllm: start `vllm serve` from .venv-serve for the stage;
+    # openai: already-running OpenAI-compatible servers listed in `endpoints` (one replica per node)
+    engine: Literal["hf", "vllm", "openai"] = "hf"
+    vllm: VllmConfig = VllmConfig()
+    endpoints: list[str] = Field(default_factory=list, description="base URLs, e.g. http://node1:8000/v1")
+    concurrency: int = Field(64, ge=1, description="requests in flight per endpoint")
+    request_timeout_s: float = Field(600.0, gt=0)
+    retries: int = Field(4, ge=0, description="per request, with exponential backoff, before an endpoint counts as down")
+
+    @model_validator(mode="after")
+    def _openai_needs_endpoints(self) -> "CorpusConfig":
+        if self.engine == "openai" and not self.endpoints:
+            raise ValueError("corpus.engine is 'openai' but corpus.endpoints is empty; list the servers' base URLs")
+        for url in self.endpoints:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"corpus.endpoints: '{url}' is not an http(s) URL")
+        return self
 
     @field_validator("max_prompts_per_domain")
     @classmethod
