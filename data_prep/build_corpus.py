@@ -27,7 +27,7 @@ from data_prep.sources import DOMAINS, collect_prompts, split_of, stable_hash
 from data_prep.verifier import load_verifier, verifier_identity
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import CorpusConfig, Params
+from pipeline.config import CorpusConfig, Params, SamplingConfig
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
@@ -103,26 +103,41 @@ def read_shard(path: Path, key: str, expected_ids: list[str]) -> list[dict]:
     return rows
 
 
+def item_sampling(config: CorpusConfig, item: WorkItem) -> SamplingConfig:
+    """Greedy for a stable `greedy_share` of the prompts (chosen by id), `config.sampling` for the rest.
+
+    Drafters are evaluated at T=0 too, and a block drafter's positions >= 2 only learn the verifier's
+    greedy chain from responses that follow it.
+    """
+    if stable_hash(item.id, "greedy") % 10_000 < round(config.greedy_share * 10_000):
+        return SamplingConfig(temperature=0.0)
+    return config.sampling
+
+
 def generate_shard(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: CorpusConfig,
                    items: list[WorkItem], bar) -> list[dict]:
-    rows = []
-    for start in range(0, len(items), config.batch_size):
-        batch = items[start : start + config.batch_size]
-        continuations = generate_batch(
-            model, [item.prompt_ids for item in batch], max_new_tokens=config.max_new_tokens,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-            sampling=config.sampling, seeds=[item.seed for item in batch],
-        )
-        for item, continuation in zip(batch, continuations):
-            rows.append({
-                "id": item.id, "domain": item.domain, "source": item.source, "split": item.split,
-                "prompt": item.prompt, "prompt_ids": list(item.prompt_ids),
-                "response_ids": continuation.response_ids, "finish_reason": continuation.finish_reason,
-                "temperature": config.sampling.temperature, "seed": item.seed,
-            })
-        bar.update(len(batch))
-        bar.set_postfix(tokens=sum(len(r["response_ids"]) for r in rows))
-    return rows
+    rows_by_id = {}
+    greedy = [item for item in items if item_sampling(config, item).temperature == 0.0]
+    sampled = [item for item in items if item_sampling(config, item).temperature > 0.0]
+    for group in (greedy, sampled):
+        for start in range(0, len(group), config.batch_size):
+            batch = group[start : start + config.batch_size]
+            sampling = item_sampling(config, batch[0])
+            continuations = generate_batch(
+                model, [item.prompt_ids for item in batch], max_new_tokens=config.max_new_tokens,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                sampling=sampling, seeds=[item.seed for item in batch],
+            )
+            for item, continuation in zip(batch, continuations):
+                rows_by_id[item.id] = {
+                    "id": item.id, "domain": item.domain, "source": item.source, "split": item.split,
+                    "prompt": item.prompt, "prompt_ids": list(item.prompt_ids),
+                    "response_ids": continuation.response_ids, "finish_reason": continuation.finish_reason,
+                    "temperature": sampling.temperature, "seed": item.seed,
+                }
+            bar.update(len(batch))
+            bar.set_postfix(tokens=sum(len(r["response_ids"]) for r in rows_by_id.values()))
+    return [rows_by_id[item.id] for item in items]
 
 
 def generate_all(model, tokenizer, config: CorpusConfig, items: list[WorkItem], shard_dir: Path, key: str) -> tuple[list[dict], int]:

@@ -45,6 +45,15 @@ def test_anchors_are_response_positions_and_resampled():
     assert len(set(first[0].tolist())) == 4
 
 
+def test_all_anchors_cover_every_response_position_with_a_label():
+    prompt_lens, lengths = torch.tensor([3, 5, 4]), torch.tensor([12, 7, 5])
+    anchors, valid = sample_anchors(prompt_lens, lengths, "all", anchor_generator(0, 0))
+    assert anchors.shape == (3, 8)
+    assert anchors[0][valid[0]].tolist() == list(range(3, 11))  # up to length - 2: one label after it
+    assert anchors[1][valid[1]].tolist() == [5]
+    assert not valid[2].any()  # a one-token response has nothing to predict after its anchor
+
+
 @pytest.mark.slow
 def test_train_block_stage_lowers_loss(tmp_path):
     from train.block_stage import run
