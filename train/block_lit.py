@@ -211,7 +211,7 @@ def decode_prompts(rows: Sequence[tuple[list[int], int]], count: int) -> list[li
 @torch.no_grad()
 def evaluate_blocks(
     drafter: DFlashDraftModel, verifier: FrozenVerifier, batches: BlockBatches, cfg: BlockDrafterConfig, seed: int,
-    max_new_tokens: int = 32,
+    max_new_tokens: int = 32, denoise_steps: int = 1,
 ) -> dict:
     """Loss and teacher-forced acceptance proxy on held-out batches (anchors fixed by (seed, batch index)),
     plus the real greedy-decoding acceptance on a few held-out prompts."""
@@ -226,7 +226,8 @@ def evaluate_blocks(
         loss_sum += loss.item()
         seen += 1
     decoded = decode_acceptance(drafter, verifier.model, decode_prompts(batches.rows, cfg.decode_prompts),
-                                max_new_tokens, eos_token_id=verifier.config.eos_token_id)
+                                max_new_tokens, eos_token_id=verifier.config.eos_token_id,
+                                denoise_steps=denoise_steps)
     drafter.train(was_training)
     return {"loss": loss_sum / max(1, seen), **agreement.summary(), **decoded}
 
