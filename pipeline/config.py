@@ -241,6 +241,10 @@ class BlockLossConfig(Section):
     ce: float = Field(1.0, ge=0)
     fkl: float = Field(0.0, ge=0)
     labels: Literal["verifier", "corpus"] = "verifier"
+    greedy_chain: bool = Field(
+        True, description="position k >= 2 counts only where the response follows the verifier's argmax from the "
+        "anchor up to k−1 (the chain greedy drafting continues); otherwise its label sits on a sampled detour",
+    )
     temperature: float = Field(1.0, gt=0)
 
     @model_validator(mode="after")

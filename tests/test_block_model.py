@@ -290,3 +290,12 @@ def test_final_norm_starts_as_the_verifiers():
         verifier.model.norm.weight.uniform_(0.5, 1.5)
     drafter = build_block_drafter(verifier, BlockDrafterConfig(block_size=BLOCK, num_layers=1), MASK_ID, seed=0)
     torch.testing.assert_close(drafter.norm.weight, verifier.model.norm.weight)
+
+
+def test_greedy_chain_keeps_labels_only_behind_argmax_tokens():
+    from train.block_lit import greedy_chain
+
+    verifier_top1 = torch.tensor([[[5, 6, 7], [5, 6, 7], [5, 6, 7]]])
+    corpus = torch.tensor([[[5, 6, 9], [5, 8, 7], [4, 6, 7]]])  # follows / leaves at 2 / leaves at 1
+    assert greedy_chain(corpus, verifier_top1).tolist() == [[[True, True, True], [True, True, False],
+                                                             [True, False, False]]]

@@ -44,19 +44,22 @@ class Variant:
 
 
 def variants(depth: int, num_target_layers: int) -> list[Variant]:
-    old = {"loss": {"ce": 1.0, "fkl": 0.0, "labels": "corpus"}, "anchors_per_sequence": 8}
+    old = {"loss": {"ce": 1.0, "fkl": 0.0, "labels": "corpus", "greedy_chain": False}, "anchors_per_sequence": 8}
+    no_chain = {"labels": "verifier", "greedy_chain": False}
     default_layers = build_target_layer_ids(depth, num_target_layers)
     with_last = sorted(set(default_layers[:-1] + [depth - 1]))
     return [
         Variant("shipped", "corpus-token CE, 8 anchors, sampled rows, unit norm", old, "sampled", False),
-        Variant("+verifier_labels", "item 1: CE on the verifier's argmax", {**old, "loss": {"labels": "verifier"}},
+        Variant("+verifier_labels", "item 1: CE on the verifier's argmax", {**old, "loss": no_chain},
                 "sampled", False),
         Variant("+all_anchors", "item 2: every response position anchors a block",
-                {"loss": {"labels": "verifier"}}, "sampled", False),
-        Variant("+norm_init", "item 5: final norm from the verifier", {"loss": {"labels": "verifier"}}, "sampled"),
-        Variant("greedy_rows", "item 3: greedy rows only (same row count as sampled)",
-                {"loss": {"labels": "verifier"}}, "greedy"),
+                {"loss": no_chain}, "sampled", False),
+        Variant("+norm_init", "item 5: final norm from the verifier", {"loss": no_chain}, "sampled"),
+        Variant("greedy_rows", "item 3: greedy rows only (same row count as sampled)", {"loss": no_chain}, "greedy"),
+        Variant("+greedy_chain", "sampled rows, labels only along the verifier's greedy chain", {}, "sampled"),
         Variant("default", "item 3: all rows (greedy_share of them greedy) = the new default", {}),
+        Variant("no_greedy_chain", "default without masking labels off the verifier's greedy chain",
+                {"loss": {"greedy_chain": False}}),
         Variant("fkl", "forward KL on the verifier's logits instead of argmax CE",
                 {"loss": {"ce": 0.0, "fkl": 1.0}}),
         Variant("ce+fkl", "argmax CE + forward KL", {"loss": {"ce": 1.0, "fkl": 1.0}}),

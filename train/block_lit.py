@@ -115,9 +115,18 @@ def block_signals(
     verifier_top1 = at_block_positions(out.logits.argmax(-1), anchors, drafter.block_size)
     teacher = at_block_positions(out.logits, anchors, drafter.block_size) if cfg.loss.fkl > 0 else None
     labels = verifier_top1 if cfg.loss.labels == "verifier" else corpus_labels
-    loss, terms = block_loss(cfg.loss, logits, label_valid, weights, labels=labels, teacher_logits=teacher)
+    trained = label_valid & greedy_chain(corpus_labels, verifier_top1) if cfg.loss.greedy_chain else label_valid
+    loss, terms = block_loss(cfg.loss, logits, trained, weights, labels=labels, teacher_logits=teacher)
     match = (logits.detach().argmax(-1) == verifier_top1) & label_valid
     return loss, terms, match, label_valid
+
+
+def greedy_chain(corpus_tokens: Tensor, verifier_top1: Tensor) -> Tensor:
+    """(B, N, L−1): position k is on the verifier's greedy chain when the response tokens at anchor+1..anchor+k−1
+    are all the verifier's argmax there. Position 1 always is; past that, a sampled token that is not the
+    argmax puts the later labels on a path greedy decoding never takes."""
+    follows = (corpus_tokens == verifier_top1).long().cumprod(dim=-1).bool()
+    return torch.cat([torch.ones_like(follows[..., :1]), follows[..., :-1]], dim=-1)
 
 
 def at_block_positions(per_position: Tensor, anchors: Tensor, block_size: int) -> Tensor:
