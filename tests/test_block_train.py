@@ -86,3 +86,23 @@ def test_train_block_stage_lowers_loss(tmp_path):
     DFlashDraftModel.from_pretrained(drafter_dir)
     metrics = json.loads((tmp_path / "metrics" / "train_block.json").read_text())
     assert metrics["steps"] == 30
+
+
+def test_greedy_share_answers_a_stable_fraction_of_prompts_greedily():
+    from data_prep.build_corpus import WorkItem, item_sampling
+    from pipeline.config import CorpusConfig
+
+    items = [WorkItem(id=f"code-{i:04d}", domain="code", source="s", split="train", prompt="p", prompt_ids=(1,), seed=i)
+             for i in range(400)]
+    sampled = {"temperature": 0.8, "top_k": 50}
+
+    def greedy(share: float) -> set[str]:
+        config = CorpusConfig(sampling=sampled, greedy_share=share)
+        return {item.id for item in items if item_sampling(config, item).temperature == 0.0}
+
+    assert greedy(0.0) == set() and len(greedy(1.0)) == 400
+    half = greedy(0.5)
+    assert 160 < len(half) < 240 and half == greedy(0.5)  # chosen by id: the same prompts every run
+    assert half <= greedy(0.7)  # raising the share only adds prompts
+    config = CorpusConfig(sampling=sampled, greedy_share=0.5)
+    assert all(item_sampling(config, item).temperature == 0.8 for item in items if item.id not in half)
