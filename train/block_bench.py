@@ -134,6 +134,7 @@ def ablation(params: Params, steps: int, only: list[str] | None = None, decode_p
             "decode_tau_no_prefill": round(measured["decode_tau_no_prefill"], 3),
             "decode_acceptance": [round(rate, 3) for rate in measured["decode_acceptance"]],
             "proxy_tau": round(measured["simulated_acceptance_length"], 3),
+            "draft_ms_per_block": round(measured["draft_ms_per_block"], 2),
             "val_loss": round(measured["loss"], 4),
             "train_s": round(train_s, 1),
             "eval_s": round(time.perf_counter() - started, 1),
@@ -143,7 +144,7 @@ def ablation(params: Params, steps: int, only: list[str] | None = None, decode_p
     write_json_atomic(paths.metrics / "bench_block_ablation.json", report)
     print_summary(f"block drafter ablation ({steps} steps each; greedy decode of {decode_prompts} validation prompts)", {
         name: f"tau {r['decode_tau']} (no prefill {r['decode_tau_no_prefill']}) proxy {r['proxy_tau']} "
-              f"accept {r['decode_acceptance'][:4]} train {r['train_s']}s eval {r['eval_s']}s"
+              f"accept {r['decode_acceptance'][:4]} draft {r['draft_ms_per_block']} ms/block train {r['train_s']}s"
         for name, r in results.items()
     })
     return report

@@ -182,7 +182,8 @@ def decode_acceptance(
 
     `decode_tau` counts every verifier forward including the prefill (as `metrics/eval.json` does);
     `decode_tau_no_prefill` leaves the prefill forward and its token out, as the papers report τ.
-    `decode_acceptance` is per position: the share of drafted blocks accepting at least k tokens.
+    `decode_acceptance` is per position: the share of drafted blocks accepting at least k tokens;
+    `draft_ms_per_block` the drafter's wall time per drafted block (context update included).
     """
     from serve_eval.decoding import BlockProposer, decode  # serving loop; imported late (serve_eval loads train)
     from serve_eval.drafters import BlockDrafter
@@ -190,7 +191,7 @@ def decode_acceptance(
     was_training = drafter.training
     drafter.eval()
     proposer = BlockProposer(BlockDrafter(drafter, verifier, denoise_steps))
-    committed, forwards = 0, 0
+    committed, forwards, draft_s, blocks = 0, 0, 0.0, 0
     drafted = [0] * (drafter.block_size - 1)
     accepted = [0] * (drafter.block_size - 1)
     for prompt in prompts:
@@ -198,6 +199,8 @@ def decode_acceptance(
         committed += len(generation.new_ids)
         forwards += generation.verifier_forwards
         for step in generation.steps:
+            draft_s += step.draft_s if step.drafted else 0.0
+            blocks += bool(step.drafted)
             for position in range(step.drafted):
                 drafted[position] += 1
                 accepted[position] += position < step.accepted
@@ -206,6 +209,7 @@ def decode_acceptance(
         "decode_tau": committed / max(1, forwards),
         "decode_tau_no_prefill": (committed - len(prompts)) / max(1, forwards - len(prompts)),
         "decode_acceptance": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
+        "draft_ms_per_block": 1000 * draft_s / max(1, blocks),
     }
 
 
