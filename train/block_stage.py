@@ -67,8 +67,8 @@ def write_tau_plot(history: list[dict], directory: Path) -> None:
     lines += [f"{point['step']}," + ",".join(str(point.get(key, "")) for key in keys) for point in history]
     write_text_atomic(directory / "train_block_tau.csv", "\n".join(lines) + "\n")
     figure, axis = plt.subplots(figsize=(6, 4))
-    labels = {"simulated_acceptance_length": "teacher-forced proxy (no bonus token)", "decode_tau": "greedy decode τ (prefill included)",
-              "decode_tau_no_prefill": "greedy decode τ (no prefill)"}
+    labels = {"simulated_acceptance_length": "teacher-forced proxy (no bonus token)",
+              "decode_tau": "greedy decode τ (prefill included)", "decode_tau_no_prefill": "greedy decode τ (no prefill)"}
     for key in keys:
         points = [(point["step"], point[key]) for point in history if key in point]
         if points:
