@@ -33,7 +33,8 @@ from data_prep.sources import DOMAINS, collect_prompts, split_of, stable_hash
 from data_prep.verifier import load_verifier, model_location, read_record, verifier_identity
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import CorpusConfig, Params
+from pipeline.config import CorpusConfig, Params, SamplingConfig
+from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
 
@@ -137,9 +138,20 @@ def read_shard(path: Path, key: str, expected_ids: list[str]) -> list[dict] | No
     return None if shard is None else shard["rows"]
 
 
+def item_sampling(config: CorpusConfig, item: WorkItem) -> SamplingConfig:
+    """Greedy for a stable `greedy_share` of the prompts (chosen by id), `config.sampling` for the rest.
+
+    Drafters are evaluated at T=0 too, and a block drafter's positions >= 2 only learn the verifier's
+    greedy chain from responses that follow it.
+    """
+    if stable_hash(item.id, "greedy") % 10_000 < round(config.greedy_share * 10_000):
+        return SamplingConfig(temperature=0.0)
+    return config.sampling
+
+
 def generate_shard(engine: Engine, config: CorpusConfig, items: list[WorkItem], bar) -> list[dict]:
-    requests = [Request(item.prompt_ids, config.sampling, config.max_new_tokens, item.seed, item.chat_text)
-                for item in items]
+    requests = [Request(item.prompt_ids, item_sampling(config, item), config.max_new_tokens, item.seed,
+                        item.chat_text) for item in items]
     results = engine.generate(requests, bar.update)
     rows = []
     for item, request, result in zip(items, requests, results):
@@ -304,7 +316,8 @@ def run(params: Params, args: argparse.Namespace) -> None:
         "engine": ", ".join(dict.fromkeys(f"{e['name']} {e.get('version', '')}".strip() for e in engines)),
         "engine start seconds": round(startup_seconds, 1),
         "decode->encode mismatches": stats["roundtrip_mismatches"],
-        "generation tokens/s": round(generated_tokens / max(generation_seconds, 1e-9), 1) if reused < shard_count else "n/a (all reused)",
+        "generation tokens/s": (round(generated_tokens / max(generation_seconds, 1e-9), 1) if reused < shard_count
+                                else "n/a (all reused)"),
         "stage seconds": round(time.perf_counter() - start, 1),
         "output": str(paths.corpus),
     })

@@ -40,6 +40,21 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def save_figure_atomic(figure, path: str | os.PathLike) -> Path:
+    """A matplotlib figure as PNG, written next to `path` and renamed into place."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        figure.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.chmod(tmp, _umask_mode(0o666))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def _make_readable(directory: Path) -> None:
     """Writers inside the directory (safetensors, ONNX external data) may create private 0600 files;
     a serving process running as another user must be able to read the artifact."""

@@ -9,10 +9,19 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    StrictBool,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pipeline.errors import ParamsError
 
@@ -201,6 +210,10 @@ class CorpusConfig(Section):
     prompt_max_tokens: int = Field(96, ge=4)
     max_new_tokens: int = Field(64, ge=1)
     sampling: SamplingConfig = SamplingConfig()
+    greedy_share: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="fraction of prompts (chosen by id) answered greedily whatever `sampling` says",
+    )
     batch_size: int = Field(16, ge=1)
     shard_size: int = Field(64, ge=1)
     seed: int = Field(0, ge=0)
@@ -314,6 +327,29 @@ class ARDrafterConfig(Section):
         return self
 
 
+class BlockLossConfig(Section):
+    """Weights of the block drafter's loss terms, each position-weighted by exp(−(k−1)/γ).
+
+    `ce` is cross-entropy on `labels`: the verifier's argmax at anchor+k−1 (`verifier`) or the sampled
+    corpus token (`corpus`); `fkl` is forward KL against the verifier's logits there, at `temperature`.
+    """
+
+    ce: float = Field(1.0, ge=0)
+    fkl: float = Field(0.0, ge=0)
+    labels: Literal["verifier", "corpus"] = "verifier"
+    greedy_chain: StrictBool = Field(
+        True, description="position k >= 2 counts only where the response follows the verifier's argmax from the "
+        "anchor up to k−1 (the chain greedy drafting continues); otherwise its label sits on a sampled detour",
+    )
+    temperature: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "BlockLossConfig":
+        if self.ce + self.fkl <= 0:
+            raise ValueError("at least one of ce/fkl must have a weight > 0")
+        return self
+
+
 class BlockDrafterConfig(Section):
     block_size: int = Field(8, ge=2, le=64)
     num_layers: int = Field(2, ge=1, le=5)
@@ -327,9 +363,15 @@ class BlockDrafterConfig(Section):
     )
     target_layer_ids: Optional[list[int]] = None
     mask: Literal["auto", "token", "learned"] = "auto"
-    anchors_per_sequence: int = Field(8, ge=1)
+    anchors_per_sequence: Union[Literal["all"], PositiveInt] = Field(
+        "all", description="'all': every response position with a label after it; an int samples that many "
+        "per sequence each step (for sequences too long to hold every block in memory)",
+    )
     gamma: Optional[float] = Field(None, gt=0, description="None: 7 for B=16, 5 for 10, 4 for 8")
-    denoise_steps: int = Field(1, ge=1)
+    loss: BlockLossConfig = BlockLossConfig()
+    decode_prompts: int = Field(
+        4, ge=0, description="validation prompts greedily decoded with the drafter at every validation (real tau)",
+    )
     # Sized so the demo trains in a few minutes on 2 CPU cores (one verifier + drafter pass per step).
     trainer: TrainerConfig = TrainerConfig(batch_size=8, max_steps=200)
 

@@ -4,34 +4,21 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import tempfile
 from pathlib import Path
 
-from pipeline.atomic import write_text_atomic
+from pipeline.atomic import save_figure_atomic, write_text_atomic
 from serve_eval.tally import Tally
 
 ACCEPTANCE_CSV = "eval_acceptance.csv"
 TAU_CSV = "eval_tau_hist.csv"
 
 
-def _csv(header: list[str], rows: list[list[object]]) -> str:
+def csv_text(header: list[str], rows: list[list[object]]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
     writer.writerows(rows)
     return buffer.getvalue()
-
-
-def _save_png(figure, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        figure.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_plots(directory: Path, tallies: dict[tuple[str, str, str], Tally]) -> None:
@@ -50,9 +37,9 @@ def write_plots(directory: Path, tallies: dict[tuple[str, str, str], Tally]) -> 
         for committed, count in sorted(tally.committed_per_step.items()):
             tau_rows.append([series, kind, temperature, domain, committed, count])
     write_text_atomic(directory / ACCEPTANCE_CSV,
-                      _csv(["series", "drafter", "temperature", "domain", "position", "acceptance"], acceptance_rows))
+                      csv_text(["series", "drafter", "temperature", "domain", "position", "acceptance"], acceptance_rows))
     write_text_atomic(directory / TAU_CSV,
-                      _csv(["series", "drafter", "temperature", "domain", "tokens_per_step", "steps"], tau_rows))
+                      csv_text(["series", "drafter", "temperature", "domain", "tokens_per_step", "steps"], tau_rows))
 
     figure, axis = plt.subplots(figsize=(6, 4))
     for series in dict.fromkeys(row[0] for row in acceptance_rows):
@@ -61,7 +48,7 @@ def write_plots(directory: Path, tallies: dict[tuple[str, str, str], Tally]) -> 
     axis.set(xlabel="draft position", ylabel="P(position accepted)", ylim=(0, 1.02),
              title="per-position acceptance")
     axis.legend(fontsize=7)
-    _save_png(figure, directory / "eval_acceptance.png")
+    save_figure_atomic(figure, directory / "eval_acceptance.png")
     plt.close(figure)
 
     figure, axis = plt.subplots(figsize=(6, 4))
@@ -74,5 +61,5 @@ def write_plots(directory: Path, tallies: dict[tuple[str, str, str], Tally]) -> 
     axis.set(xlabel="tokens committed per verifier forward (bonus included)", ylabel="fraction of steps",
              title="tau histogram")
     axis.legend(fontsize=7)
-    _save_png(figure, directory / "eval_tau_hist.png")
+    save_figure_atomic(figure, directory / "eval_tau_hist.png")
     plt.close(figure)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.atomic import write_text_atomic
-from serve_eval.plots import _csv, _save_png
+from pipeline.atomic import save_figure_atomic, write_text_atomic
+from serve_eval.plots import csv_text
 
 SERVING_CSV = "serving_tau.csv"
 SERVING_PNG = "serving_tau.png"
@@ -30,7 +30,7 @@ def write_serving_plots(directory: Path, report: dict) -> None:
 
     directory.mkdir(parents=True, exist_ok=True)
     rows = serving_rows(report)
-    write_text_atomic(directory / SERVING_CSV, _csv(["drafter", "domain", "draftline_tau", "vllm_tau"], rows))
+    write_text_atomic(directory / SERVING_CSV, csv_text(["drafter", "domain", "draftline_tau", "vllm_tau"], rows))
     gap = float(report["max_tau_gap"])
     top = max([1.0] + [max(row[2], row[3]) for row in rows]) * 1.1
     figure, axis = plt.subplots(figsize=(5, 5))
@@ -43,5 +43,5 @@ def write_serving_plots(directory: Path, report: dict) -> None:
     axis.set(xlabel="draftline tau (same prompts)", ylabel="vLLM tau (its spec-decode counters)",
              xlim=(1.0, top), ylim=(1.0, top), title="tau: vLLM vs draftline (bonus included)")
     axis.legend(fontsize=7)
-    _save_png(figure, directory / SERVING_PNG)
+    save_figure_atomic(figure, directory / SERVING_PNG)
     plt.close(figure)

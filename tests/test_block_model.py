@@ -9,18 +9,20 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline.config import BlockDrafterConfig
+from pipeline.config import BlockDrafterConfig, BlockLossConfig
 from tests.tiny_models import tiny_qwen3
 from train.block_data import block_targets
 from train.block_lit import drafter_config
 from train.block_model import (
     DFlashDraftModel,
-    block_loss,
     build_target_layer_ids,
     default_gamma,
     position_weights,
     verifier_parts,
 )
+from train.losses import block_loss
+
+CE = BlockLossConfig(ce=1.0, fkl=0.0)
 
 VOCAB, MASK_ID, BLOCK = 320, 1, 4
 
@@ -136,7 +138,7 @@ def test_batched_loss_equals_block_by_block_reference(drafter, verifier):
     assert not label_valid[0, 2, 1:].any() and not label_valid[1, 2].any()  # past the end / no anchor
     logits = training_logits(drafter, verifier, input_ids, block_ids, anchors, attention_mask)
     weights = position_weights(BLOCK)
-    batched = block_loss(logits, labels, label_valid, weights)
+    batched, _ = block_loss(CE, logits, label_valid, weights, labels=labels)
 
     features = features_of(drafter, verifier, input_ids, attention_mask)
     numerator = denominator = 0.0
@@ -230,24 +232,70 @@ def test_learned_mask_when_the_verifier_has_none(verifier, tmp_path):
     embed, head, _, _ = verifier_parts(verifier)
     logits = drafter(features_of(drafter, verifier, input_ids), torch.ones_like(input_ids, dtype=torch.bool),
                      block_ids, anchors, embed, head)
-    block_loss(logits, labels, valid, position_weights(BLOCK)).backward()
+    block_loss(CE, logits, valid, position_weights(BLOCK), labels=labels)[0].backward()
     assert drafter.mask_embedding.grad.abs().sum() > 0
     drafter.save_pretrained(tmp_path)
     loaded = DFlashDraftModel.from_pretrained(tmp_path)
     torch.testing.assert_close(loaded.mask_embedding, drafter.mask_embedding)
 
 
-def test_verifier_top1_matches_full_logits(verifier):
-    from train.block_lit import verifier_top1
+def test_block_positions_read_the_verifier_where_it_predicts_them(verifier):
+    from train.block_lit import at_block_positions
 
     input_ids = torch.randint(3, VOCAB, (2, 11))
     anchors = torch.tensor([[2, 6], [0, 7]])
     with torch.no_grad():
-        out = verifier(input_ids=input_ids, output_hidden_states=True)
-    top1 = verifier_top1(out.hidden_states[-1], verifier.lm_head, anchors, BLOCK)
-    full = out.logits.argmax(-1)
+        logits = verifier(input_ids=input_ids).logits
+    top1 = at_block_positions(logits.argmax(-1), anchors, BLOCK)
+    gathered = at_block_positions(logits, anchors, BLOCK)
+    assert top1.shape == (2, 2, BLOCK - 1) and gathered.shape == (2, 2, BLOCK - 1, VOCAB)
     for b in range(2):
         for n in range(2):
             for k in range(1, BLOCK):  # the token at anchor + k is predicted at anchor + k - 1
                 position = min(int(anchors[b, n]) + k - 1, input_ids.shape[1] - 1)
-                assert top1[b, n, k - 1] == full[b, position]
+                assert top1[b, n, k - 1] == logits[b, position].argmax()
+                torch.testing.assert_close(gathered[b, n, k - 1], logits[b, position])
+
+
+def test_block_loss_terms_are_position_weighted():
+    torch.manual_seed(4)
+    student = torch.randn(2, 3, BLOCK - 1, 7)
+    teacher = torch.randn(2, 3, BLOCK - 1, 7)
+    labels = teacher.argmax(-1)
+    valid = torch.rand(2, 3, BLOCK - 1) > 0.3
+    weights = position_weights(BLOCK)
+    total, terms = block_loss(BlockLossConfig(ce=0.5, fkl=2.0), student, valid, weights, labels=labels,
+                              teacher_logits=teacher)
+    nll = torch.nn.functional.cross_entropy(student.flatten(0, -2), labels.flatten(), reduction="none").view_as(labels)
+    log_p, log_q = teacher.log_softmax(-1), student.log_softmax(-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    w = weights * valid
+    torch.testing.assert_close(terms["ce"], (nll * w).sum() / w.sum())
+    torch.testing.assert_close(terms["fkl"], (kl * w).sum() / w.sum())
+    torch.testing.assert_close(total, 0.5 * terms["ce"] + 2.0 * terms["fkl"])
+    # a student equal to the teacher has zero KL; invalid positions never count
+    _, same = block_loss(BlockLossConfig(ce=0.0, fkl=1.0), teacher, valid, weights, teacher_logits=teacher)
+    assert same["fkl"].abs() < 1e-6
+    garbage = student.clone()
+    garbage[~valid] = 1e4
+    _, masked = block_loss(BlockLossConfig(ce=1.0), garbage, valid, weights, labels=labels)
+    torch.testing.assert_close(masked["ce"], terms["ce"])
+
+
+def test_final_norm_starts_as_the_verifiers():
+    from train.block_lit import build_block_drafter
+
+    verifier = tiny_qwen3(VOCAB, num_layers=4, seed=1)
+    with torch.no_grad():
+        verifier.model.norm.weight.uniform_(0.5, 1.5)
+    drafter = build_block_drafter(verifier, BlockDrafterConfig(block_size=BLOCK, num_layers=1), MASK_ID, seed=0)
+    torch.testing.assert_close(drafter.norm.weight, verifier.model.norm.weight)
+
+
+def test_greedy_chain_keeps_labels_only_behind_argmax_tokens():
+    from train.block_lit import greedy_chain
+
+    verifier_top1 = torch.tensor([[[5, 6, 7], [5, 6, 7], [5, 6, 7]]])
+    corpus = torch.tensor([[[5, 6, 9], [5, 8, 7], [4, 6, 7]]])  # follows / leaves at 2 / leaves at 1
+    assert greedy_chain(corpus, verifier_top1).tolist() == [[[True, True, True], [True, True, False],
+                                                             [True, False, False]]]

@@ -45,14 +45,29 @@ def test_anchors_are_response_positions_and_resampled():
     assert len(set(first[0].tolist())) == 4
 
 
+def test_all_anchors_cover_every_response_position_with_a_label():
+    prompt_lens, lengths = torch.tensor([3, 5, 4]), torch.tensor([12, 7, 5])
+    anchors, valid = sample_anchors(prompt_lens, lengths, "all", anchor_generator(0, 0))
+    assert anchors.shape == (3, 8)
+    assert anchors[0][valid[0]].tolist() == list(range(3, 11))  # up to length - 2: one label after it
+    assert anchors[1][valid[1]].tolist() == [5]
+    assert not valid[2].any()  # a one-token response has nothing to predict after its anchor
+
+
 @pytest.mark.slow
 def test_train_block_stage_lowers_loss(tmp_path):
     from train.block_stage import run
 
     make_artifacts(tmp_path, rows_per_split=(12, 4, 2), new_tokens=12)
-    params = write_block_params(tmp_path, max_steps=30, checkpoint_every_n_steps=10)
+    params = write_block_params(tmp_path, max_steps=30, checkpoint_every_n_steps=10, val_every_n_steps=15)
     info = run(params)
     assert info["steps"] == 30
+    # real acceptance from greedy decoding of held-out prompts, with and without the prefill forward
+    assert info["decode_tau"] >= 1.0 and info["decode_tau_no_prefill"] >= 1.0
+    assert len(info["decode_acceptance"]) == BLOCK - 1
+    curve = (tmp_path / "plots" / "train_block_tau.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in curve[1:]] == ["15", "30"]  # one point per validation
+    assert (tmp_path / "plots" / "train_block_tau.png").stat().st_size > 0
     assert info["val_loss"] < info["untrained_val_loss"], info
     assert len(info["top1_agreement"]) == BLOCK - 1 and len(info["untrained_top1_agreement"]) == BLOCK - 1
     assert info["simulated_acceptance_length"] >= 0 and info["mlflow_run_id"]
@@ -71,3 +86,23 @@ def test_train_block_stage_lowers_loss(tmp_path):
     DFlashDraftModel.from_pretrained(drafter_dir)
     metrics = json.loads((tmp_path / "metrics" / "train_block.json").read_text())
     assert metrics["steps"] == 30
+
+
+def test_greedy_share_answers_a_stable_fraction_of_prompts_greedily():
+    from data_prep.build_corpus import WorkItem, item_sampling
+    from pipeline.config import CorpusConfig
+
+    items = [WorkItem(id=f"code-{i:04d}", domain="code", source="s", split="train", prompt="p", prompt_ids=(1,), seed=i)
+             for i in range(400)]
+    sampled = {"temperature": 0.8, "top_k": 50}
+
+    def greedy(share: float) -> set[str]:
+        config = CorpusConfig(sampling=sampled, greedy_share=share)
+        return {item.id for item in items if item_sampling(config, item).temperature == 0.0}
+
+    assert greedy(0.0) == set() and len(greedy(1.0)) == 400
+    half = greedy(0.5)
+    assert 160 < len(half) < 240 and half == greedy(0.5)  # chosen by id: the same prompts every run
+    assert half <= greedy(0.7)  # raising the share only adds prompts
+    config = CorpusConfig(sampling=sampled, greedy_share=0.5)
+    assert all(item_sampling(config, item).temperature == 0.8 for item in items if item.id not in half)

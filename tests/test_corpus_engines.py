@@ -27,11 +27,10 @@ import yaml
 
 from data_prep import build_corpus
 from data_prep.build_corpus import chat_prompt_ids, roundtrip_mismatches, work_items
-from data_prep.engines import Request, open_engine
-from data_prep.engines import openai_client
-from data_prep.engines.openai_client import EndpointDown, OpenAIEngine
-from data_prep.engines.vllm_server import free_port, serve_command, vllm_server
 from data_prep.corpus import COLUMNS, load_corpus
+from data_prep.engines import Request, openai_client
+from data_prep.engines.openai_client import EndpointDown, OpenAIEngine
+from data_prep.engines.vllm_server import serve_command, vllm_server
 from data_prep.verifier import write_record
 from pipeline.config import CorpusConfig, SamplingConfig, VllmConfig, load_params
 from pipeline.errors import DraftlineError

@@ -1,8 +1,11 @@
-"""Training throughput of the AR drafter: `auto` vs `deepspeed_stage_2` on CPU, one process.
+"""Training benchmarks.
 
-Same verifier, corpus, drafter shape, batches and step count for both; tokens/s counts every
-(non-padding) token the drafter trains on, measured after warm-up steps.
-`python -m train.bench [--params params.yaml] [--steps 40]`
+`python -m train.bench [--params params.yaml] [--steps 40]`: throughput of the AR drafter, `auto` vs
+`deepspeed_stage_2` on CPU, one process. Same verifier, corpus, drafter shape, batches and step count
+for both; tokens/s counts every (non-padding) token the drafter trains on, measured after warm-up steps.
+
+`python -m train.bench --block-ablation [--steps 300]`: what each block-drafter training choice
+contributes (train/block_bench.py).
 """
 
 from __future__ import annotations
@@ -73,7 +76,12 @@ def measure(params: Params, strategy: str, steps: int, warmup: int) -> float:
     return meter.tokens_per_s
 
 
-def run(params: Params, args: argparse.Namespace) -> dict[str, float]:
+def run(params: Params, args: argparse.Namespace) -> dict:
+    if args.block_ablation:
+        from train.block_bench import ablation
+
+        return ablation(params, args.steps or 300, args.variants)
+    args.steps = args.steps or 40
     results = {strategy: measure(params, strategy, args.steps, args.warmup) for strategy in STRATEGIES}
     ratio = results["deepspeed_stage_2"] / results["auto"] if results["auto"] else float("nan")
     rows = {f"{name} tokens/s": value for name, value in results.items()}
@@ -84,8 +92,12 @@ def run(params: Params, args: argparse.Namespace) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = stage_parser("python -m train.bench", "training throughput: auto vs deepspeed_stage_2 on CPU")
-    parser.add_argument("--steps", type=int, default=40, help="measured steps per strategy")
+    parser = stage_parser("python -m train.bench",
+                          "training throughput (auto vs deepspeed_stage_2) or the block-drafter ablation")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="measured steps per strategy (default 40); training steps per ablation variant (default 300)")
+    parser.add_argument("--block-ablation", action="store_true", help="ablate the block drafter's training choices")
+    parser.add_argument("--variants", nargs="*", default=None, help="with --block-ablation: only these variants")
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps first")
     return run_stage(parser, run, argv)
 

@@ -1,9 +1,10 @@
 """Corpus rows -> right-padded (prompt + response) batches, and the random block anchors drawn from them.
 
 Anchors are response positions (at serving time the anchor is always a token the verifier produced):
-a in [prompt_len, length − 2], so every block has at least one label. They are drawn per step from a
-generator seeded by (seed, step, rank), which re-samples them every epoch, keeps runs reproducible and
-resumable, and gives validation a fixed set (seeded by the batch index).
+a in [prompt_len, length − 2], so every block has at least one label. By default every such position
+anchors a block (all in one pass, as the references do for short sequences); a sampled mode draws a
+few per step from a generator seeded by (seed, step, rank), which re-samples them every epoch, keeps
+runs reproducible and resumable, and gives validation a fixed set (seeded by the batch index).
 """
 
 from __future__ import annotations
@@ -35,23 +36,29 @@ def collate_rows(rows: Sequence[tuple[list[int], int]], pad_id: int) -> dict[str
 
 
 def sample_anchors(
-    prompt_lens: Tensor, lengths: Tensor, per_sequence: int, generator: torch.Generator
+    prompt_lens: Tensor, lengths: Tensor, per_sequence: int | str, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:
-    """Up to `per_sequence` distinct anchors per row from [prompt_len, length − 2], sorted.
+    """Anchors per row from [prompt_len, length − 2], sorted: all of them (`per_sequence="all"`) or up to
+    `per_sequence` distinct ones drawn with `generator`.
 
     Returns anchors (B, N) and anchor_valid (B, N); rows with fewer candidates pad with invalid
     anchors at position 0 (they carry no labels and see no context).
     """
+    candidates = (lengths - 1 - prompt_lens).clamp(min=0)
+    if per_sequence == "all":
+        width = max(1, int(candidates.max()))
+        offsets = torch.arange(width)[None]
+        valid = offsets < candidates[:, None]
+        return torch.where(valid, prompt_lens[:, None] + offsets, torch.zeros_like(offsets)), valid
     batch = prompt_lens.shape[0]
     anchors = torch.zeros((batch, per_sequence), dtype=torch.long)
     valid = torch.zeros((batch, per_sequence), dtype=torch.bool)
     for row in range(batch):
-        first, last = int(prompt_lens[row]), int(lengths[row]) - 2
-        candidates = last - first + 1
-        if candidates <= 0:
+        count = int(candidates[row])
+        if count <= 0:
             continue
-        take = min(per_sequence, candidates)
-        picked = torch.randperm(candidates, generator=generator)[:take].sort().values + first
+        take = min(per_sequence, count)
+        picked = torch.randperm(count, generator=generator)[:take].sort().values + int(prompt_lens[row])
         anchors[row, :take] = picked
         valid[row, :take] = True
     return anchors, valid

@@ -1,20 +1,23 @@
 """LightningModule training the DFlash-style block drafter against the frozen verifier.
 
 Every step: one frozen verifier forward (hidden states for the context features, logits for the
-agreement metric), fresh random anchors, and one drafter forward over all blocks of every sequence
-with the block attention mask (train/block_model.py: `training_attention_mask`).
+labels and the agreement metric), the anchors (every response position by default), and one drafter
+forward over all blocks of every sequence with the block attention mask
+(train/block_model.py: `training_attention_mask`). Labels are the verifier's own predictions (its
+argmax, or its distribution for `fkl`), not the sampled corpus tokens, unless `loss.labels: corpus`.
 
 Acceptance proxy: block position k "matches" when the drafter's top-1 equals the verifier's top-1 for
-the token at anchor + k (teacher-forced on the corpus prefix, which on a greedy corpus is the
-verifier's own continuation). Position k is accepted iff positions 1..k all match; `top1_agreement`
-holds P(k accepted | k−1 accepted) — the same convention as the AR drafter, so the simulated
-acceptance length is Σ_k Π_{i≤k} top1_agreement_i — and `position_top1_agreement` the plain
+the token at anchor + k (teacher-forced on the corpus prefix, which on greedy rows is the verifier's
+own continuation and on sampled rows is not: the proxy overstates real acceptance there, hence the
+greedy decode of a few validation prompts every validation, `decode_tau`). Position k is accepted iff
+positions 1..k all match; `top1_agreement` holds P(k accepted | k−1 accepted) — the same convention as
+the AR drafter, so the simulated acceptance length is Σ_k Π_{i≤k} top1_agreement_i — and `position_top1_agreement` the plain
 per-position match rate.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Sequence
 
 import torch
 from lightning.pytorch import LightningModule
@@ -22,16 +25,10 @@ from torch import Tensor, nn
 
 from pipeline.config import BlockDrafterConfig, TrainerConfig
 from pipeline.errors import DraftlineError
-from train.block_data import block_targets, sample_anchors
-from train.block_model import (
-    DFlashConfig,
-    DFlashDraftModel,
-    block_loss,
-    build_target_layer_ids,
-    position_weights,
-    verifier_parts,
-)
+from train.block_data import BlockBatches, block_targets, sample_anchors
+from train.block_model import DFlashConfig, DFlashDraftModel, build_target_layer_ids, position_weights, verifier_parts
 from train.frozen import FrozenVerifier
+from train.losses import block_loss
 from train.trainer import AcceptanceTally, DrafterModule, simulated_acceptance_length
 
 
@@ -75,8 +72,16 @@ def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: 
 
 
 def build_block_drafter(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: int | None, seed: int) -> DFlashDraftModel:
+    """A fresh drafter whose final norm starts as the verifier's: its output feeds the verifier's frozen
+    LM head, which was trained on exactly that norm's scale."""
     torch.manual_seed(seed)
-    return DFlashDraftModel(drafter_config(verifier, cfg, mask_token_id))
+    drafter = DFlashDraftModel(drafter_config(verifier, cfg, mask_token_id))
+    final_norm = getattr(verifier.get_decoder(), "norm", None)
+    weight = getattr(final_norm, "weight", None)
+    if weight is not None and weight.shape == drafter.norm.weight.shape:
+        with torch.no_grad():
+            drafter.norm.weight.copy_(weight)
+    return drafter
 
 
 def anchor_generator(*key: int) -> torch.Generator:
@@ -88,37 +93,52 @@ def anchor_generator(*key: int) -> torch.Generator:
 
 
 def block_signals(
-    drafter: DFlashDraftModel, verifier: FrozenVerifier, batch: dict[str, Tensor], anchors_per_sequence: int,
-    weights: Tensor, generator: torch.Generator, need_match: bool = True,
-) -> tuple[Tensor, Tensor | None, Tensor]:
-    """(loss, top-1 match (B, N, L−1) or None, label_valid (B, N, L−1)) for one batch with freshly drawn anchors."""
-    # logits_to_keep=1: the verifier's full-sequence logits are never needed, only its hidden states.
-    out = verifier(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   output_hidden_states=True, logits_to_keep=1)
+    drafter: DFlashDraftModel, verifier: FrozenVerifier, batch: dict[str, Tensor], cfg: BlockDrafterConfig,
+    weights: Tensor, generator: torch.Generator,
+) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
+    """(loss, loss terms, top-1 match (B, N, L−1), label_valid (B, N, L−1)) for one batch of blocks.
+
+    One frozen verifier forward gives both the hidden states (context features) and the logits the
+    labels come from: block position k is taught the verifier's prediction for the token at anchor + k,
+    made at position anchor + k − 1 (on a greedy response, exactly the token it would draft there).
+    """
+    out = verifier(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
     embed_tokens, lm_head, _, _ = verifier_parts(verifier.model)
-    anchors, anchor_valid = sample_anchors(batch["prompt_lens"].cpu(), batch["lengths"].cpu(), anchors_per_sequence, generator)
+    anchors, anchor_valid = sample_anchors(batch["prompt_lens"].cpu(), batch["lengths"].cpu(),
+                                           cfg.anchors_per_sequence, generator)
     anchors, anchor_valid = anchors.to(batch["input_ids"].device), anchor_valid.to(batch["input_ids"].device)
-    block_ids, labels, label_valid = block_targets(
+    block_ids, corpus_labels, label_valid = block_targets(
         batch["input_ids"], batch["lengths"], anchors, anchor_valid, drafter.block_size
     )
     features = drafter.fuse_target_hidden(out.hidden_states)
     logits = drafter(features, batch["attention_mask"].bool(), block_ids, anchors, embed_tokens, lm_head)
-    loss = block_loss(logits, labels, label_valid, weights)
-    if not need_match:
-        return loss, None, label_valid
-    match = (logits.argmax(-1) == verifier_top1(out.hidden_states[-1], lm_head, anchors, drafter.block_size)) & label_valid
-    return loss, match, label_valid
+    verifier_top1 = at_block_positions(out.logits.argmax(-1), anchors, drafter.block_size)
+    teacher = at_block_positions(out.logits, anchors, drafter.block_size) if cfg.loss.fkl > 0 else None
+    labels = verifier_top1 if cfg.loss.labels == "verifier" else corpus_labels
+    trained = label_valid & greedy_chain(corpus_labels, verifier_top1) if cfg.loss.greedy_chain else label_valid
+    loss, terms = block_loss(cfg.loss, logits, trained, weights, labels=labels, teacher_logits=teacher)
+    match = (logits.detach().argmax(-1) == verifier_top1) & label_valid
+    return loss, terms, match, label_valid
 
 
-@torch.no_grad()
-def verifier_top1(last_hidden: Tensor, lm_head: nn.Module, anchors: Tensor, block_size: int) -> Tensor:
-    """The verifier's top-1 for the tokens at anchor + 1..L−1 (B, N, L−1), from its final hidden state
-    (HF decoders return it after the final norm: exactly what the LM head reads; soft-capping keeps the argmax)."""
+def greedy_chain(corpus_tokens: Tensor, verifier_top1: Tensor) -> Tensor:
+    """(B, N, L−1): position k is on the verifier's greedy chain when the response tokens at anchor+1..anchor+k−1
+    are all the verifier's argmax there. Position 1 always is; past that, a sampled token that is not the
+    argmax puts the later labels on a path greedy decoding never takes."""
+    follows = (corpus_tokens == verifier_top1).long().cumprod(dim=-1).bool()
+    return torch.cat([torch.ones_like(follows[..., :1]), follows[..., :-1]], dim=-1)
+
+
+def at_block_positions(per_position: Tensor, anchors: Tensor, block_size: int) -> Tensor:
+    """Values of a (B, T, ...) verifier output where block positions 1..L−1 are predicted: anchor + k − 1.
+
+    Returns (B, N, L−1, ...); positions past T are clamped (their labels are invalid anyway).
+    """
     offsets = torch.arange(block_size - 1, device=anchors.device)
-    # The token at anchor + k is predicted at position anchor + k − 1.
-    positions = (anchors[..., None] + offsets).clamp(max=last_hidden.shape[1] - 1)
-    picked = torch.gather(last_hidden, 1, positions.flatten(1)[..., None].expand(-1, -1, last_hidden.shape[-1]))
-    return lm_head(picked).argmax(-1).view_as(positions)
+    positions = (anchors[..., None] + offsets).clamp(max=per_position.shape[1] - 1)  # (B, N, L−1)
+    flat = positions.flatten(1)
+    index = flat.view(*flat.shape, *([1] * (per_position.dim() - 2))).expand(-1, -1, *per_position.shape[2:])
+    return torch.gather(per_position, 1, index).view(*positions.shape, *per_position.shape[2:])
 
 
 class BlockAgreement:
@@ -154,28 +174,80 @@ class BlockAgreement:
 
 
 @torch.no_grad()
-def evaluate_blocks(
-    drafter: DFlashDraftModel, verifier: FrozenVerifier, batches: Iterable[dict[str, Tensor]],
-    cfg: BlockDrafterConfig, seed: int,
+def decode_acceptance(
+    drafter: DFlashDraftModel, verifier: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+    eos_token_id: int | None, denoise_steps: int = 1,
 ) -> dict:
-    """Loss and acceptance proxy on held-out batches with anchors fixed by (seed, batch index)."""
+    """Real acceptance: greedy speculative decoding of `prompts` with this drafter (the serving loop).
+
+    `decode_tau` counts every verifier forward including the prefill (as `metrics/eval.json` does);
+    `decode_tau_no_prefill` leaves the prefill forward and its token out, as the papers report τ.
+    `decode_acceptance` is per position: the share of drafted blocks accepting at least k tokens;
+    `draft_ms_per_block` the drafter's wall time per drafted block (context update included).
+    """
+    from serve_eval.decoding import BlockProposer, decode  # serving loop; imported late (serve_eval loads train)
+    from serve_eval.drafters import BlockDrafter
+
+    was_training = drafter.training
+    drafter.eval()
+    proposer = BlockProposer(BlockDrafter(drafter, verifier, denoise_steps))
+    committed, forwards, draft_s, blocks = 0, 0, 0.0, 0
+    drafted = [0] * (drafter.block_size - 1)
+    accepted = [0] * (drafter.block_size - 1)
+    for prompt in prompts:
+        generation = decode(verifier, list(prompt), max_new_tokens, proposer=proposer, eos_token_id=eos_token_id)
+        committed += len(generation.new_ids)
+        forwards += generation.verifier_forwards
+        for step in generation.steps:
+            draft_s += step.draft_s if step.drafted else 0.0
+            blocks += bool(step.drafted)
+            for position in range(step.drafted):
+                drafted[position] += 1
+                accepted[position] += position < step.accepted
+    drafter.train(was_training)
+    return {
+        "decode_tau": committed / max(1, forwards),
+        "decode_tau_no_prefill": (committed - len(prompts)) / max(1, forwards - len(prompts)),
+        "decode_acceptance": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
+        "draft_ms_per_block": 1000 * draft_s / max(1, blocks),
+    }
+
+
+def decode_prompts(rows: Sequence[tuple[list[int], int]], count: int) -> list[list[int]]:
+    """The prompts of `count` held-out rows spread over the split (rows are (tokens, prompt_len))."""
+    if count <= 0 or not rows:
+        return []
+    stride = max(1, len(rows) // count)
+    return [tokens[:prompt_len] for tokens, prompt_len in rows[::stride][:count]]
+
+
+@torch.no_grad()
+def evaluate_blocks(
+    drafter: DFlashDraftModel, verifier: FrozenVerifier, batches: BlockBatches, cfg: BlockDrafterConfig, seed: int,
+    max_new_tokens: int = 32, denoise_steps: int = 1,
+) -> dict:
+    """Loss and teacher-forced acceptance proxy on held-out batches (anchors fixed by (seed, batch index)),
+    plus the real greedy-decoding acceptance on a few held-out prompts."""
     was_training = drafter.training
     drafter.eval()
     weights = position_weights(drafter.block_size, cfg.gamma)
     agreement, loss_sum, seen = BlockAgreement(drafter.block_size - 1), 0.0, 0
     for batch in batches:
         generator = anchor_generator(seed, int(batch["batch_index"]))
-        loss, match, valid = block_signals(drafter, verifier, batch, cfg.anchors_per_sequence, weights, generator)
+        loss, _, match, valid = block_signals(drafter, verifier, batch, cfg, weights, generator)
         agreement.add(match, valid)
         loss_sum += loss.item()
         seen += 1
+    decoded = decode_acceptance(drafter, verifier.model, decode_prompts(batches.rows, cfg.decode_prompts),
+                                max_new_tokens, eos_token_id=verifier.config.eos_token_id,
+                                denoise_steps=denoise_steps)
     drafter.train(was_training)
-    return {"loss": loss_sum / max(1, seen), **agreement.summary()}
+    return {"loss": loss_sum / max(1, seen), **agreement.summary(), **decoded}
 
 
 class BlockDistillModule(DrafterModule):
     def __init__(self, drafter: DFlashDraftModel, verifier: nn.Module, cfg: BlockDrafterConfig,
-                 trainer_cfg: TrainerConfig, seed: int):
+                 trainer_cfg: TrainerConfig, seed: int, val_rows: Sequence[tuple[list[int], int]] = ()):
         super().__init__()
         self.drafter = drafter
         # A plain attribute, not a submodule: out of the optimizer, checkpoints, DDP and ZeRO-3.
@@ -184,21 +256,25 @@ class BlockDistillModule(DrafterModule):
         self.trainer_cfg = trainer_cfg
         self.seed = seed
         self.weights = position_weights(drafter.block_size, cfg.gamma)
+        self.decode_prompts = decode_prompts(val_rows, cfg.decode_prompts)
         self.tokens_seen = 0
         self.last_validation: dict = {}
+        # (step, simulated τ, decoded τ) of every validation: the τ-vs-steps curve in training.json
+        self.history: list[dict] = []
         self._agreement = BlockAgreement(drafter.block_size - 1)
 
     def on_fit_start(self) -> None:
         self.verifier.to(self.device)
 
     def training_step(self, batch: dict[str, Tensor], batch_index: int) -> Tensor:
-        # Fresh anchors every step (so every epoch), reproducible across resume and distinct per rank.
+        # Sampled anchors are fresh every step (so every epoch), reproducible across resume and distinct per rank.
         generator = anchor_generator(self.seed, self.global_step, batch_index, self.global_rank)
-        loss, _, label_valid = block_signals(
-            self.drafter, self.verifier, batch, self.cfg.anchors_per_sequence, self.weights, generator, need_match=False
-        )
+        loss, terms, _, label_valid = block_signals(self.drafter, self.verifier, batch, self.cfg, self.weights, generator)
         self.tokens_seen += int(label_valid.sum().item())
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        size = batch["input_ids"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        for name, value in terms.items():
+            self.log(f"train/{name}", value, batch_size=size)
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
 
@@ -208,9 +284,7 @@ class BlockDistillModule(DrafterModule):
 
     def validation_step(self, batch: dict[str, Tensor], batch_index: int) -> None:
         generator = anchor_generator(self.seed, int(batch["batch_index"]))
-        loss, match, valid = block_signals(
-            self.drafter, self.verifier, batch, self.cfg.anchors_per_sequence, self.weights, generator
-        )
+        loss, _, match, valid = block_signals(self.drafter, self.verifier, batch, self.cfg, self.weights, generator)
         self._agreement.add(match, valid)
         self.log("val/loss", loss, sync_dist=True, prog_bar=True, batch_size=batch["input_ids"].shape[0])
 
@@ -220,4 +294,23 @@ class BlockDistillModule(DrafterModule):
         for position, rate in enumerate(summary["position_top1_agreement"], start=1):
             self.log(f"val/top1_pos{position}", rate, rank_zero_only=True)
         self.log("val/acceptance_length", summary["simulated_acceptance_length"], rank_zero_only=True, prog_bar=True)
+        point = {"step": self.global_step, "simulated_acceptance_length": summary["simulated_acceptance_length"]}
+        if self.decode_prompts and self.trainer.is_global_zero:
+            decoded = decode_acceptance(self.drafter, self.verifier.model, self.decode_prompts, max_new_tokens=32,
+                                        eos_token_id=self.verifier.config.eos_token_id)
+            self.log("val/decode_tau", decoded["decode_tau"], rank_zero_only=True, prog_bar=True)
+            self.log("val/decode_tau_no_prefill", decoded["decode_tau_no_prefill"], rank_zero_only=True)
+            for position, rate in enumerate(decoded["decode_acceptance"], start=1):
+                self.log(f"val/decode_accept_pos{position}", rate, rank_zero_only=True)
+            summary.update(decoded)
+            point.update(decode_tau=decoded["decode_tau"], decode_tau_no_prefill=decoded["decode_tau_no_prefill"])
+        self.history.append(point)
         self.last_validation = summary
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["draftline_block_history"] = self.history
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.history = list(checkpoint.get("draftline_block_history", []))

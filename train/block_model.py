@@ -396,11 +396,3 @@ def position_weights(block_size: int, gamma: float | None = None) -> Tensor:
     k = torch.arange(1, block_size, dtype=torch.float32)
     weights = torch.exp(-(k - 1) / gamma)
     return weights / weights.sum()
-
-
-def block_loss(logits: Tensor, labels: Tensor, label_valid: Tensor, weights: Tensor) -> Tensor:
-    """Position-weighted CE: Σ w_k·CE over valid (block, k) / Σ w_k over the same; logits (..., L−1, V)."""
-    safe = torch.where(label_valid, labels, torch.zeros_like(labels))
-    nll = F.cross_entropy(logits.float().flatten(0, -2), safe.flatten(), reduction="none").view_as(labels)
-    weight = weights.to(nll.device) * label_valid
-    return (nll * weight).sum() / weight.sum().clamp(min=1e-12)

@@ -1,36 +1,50 @@
 """Stage `train_block`: train the DFlash-style block drafter against the verifier on the corpus.
 
 Writes `artifacts/drafters/block/` (DFlash layout: config.json + safetensors with `layers.*`, `fc`,
-`hidden_norm`, `norm`; tokenizer files; training.json) and `metrics/train_block.json`; Lightning
-checkpoints live in `artifacts/checkpoints/block/` so a killed run resumes where it stopped.
+`hidden_norm`, `norm`; tokenizer files; training.json), `metrics/train_block.json` and the τ-vs-steps
+plot `plots/train_block_tau.{png,csv}`; Lightning checkpoints live in `artifacts/checkpoints/block/`
+so a killed run resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from data_prep.verifier import mask_token_id
+from pipeline.atomic import save_figure_atomic, write_text_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params
+from pipeline.paths import ArtifactPaths
 from train.block_data import BlockDataModule
 from train.block_lit import BlockDistillModule, build_block_drafter, evaluate_blocks
 from train.distill import DrafterRecipe, distill
 
 
-def block_recipe(params: Params, verifier, tokenizer, corpus) -> DrafterRecipe:
+def block_recipe(params: Params, verifier, tokenizer, corpus, modules: list | None = None) -> DrafterRecipe:
+    """The block drafter's recipe; the Lightning module it makes is appended to `modules` when given
+    (the stage reads its validation history back for the τ-vs-steps plot)."""
     cfg, tcfg, seed = params.train.block, params.train.block.trainer, params.project.seed
     drafter = build_block_drafter(verifier, cfg, mask_token_id(tokenizer), seed)
     data = BlockDataModule(
         corpus, pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len, batch_size=tcfg.batch_size,
         seed=seed, num_workers=tcfg.num_workers,
     )
+
+    def make_module() -> BlockDistillModule:
+        module = BlockDistillModule(drafter, verifier, cfg, tcfg, seed, val_rows=data.val_set.rows)
+        if modules is not None:
+            modules.append(module)
+        return module
+
     return DrafterRecipe(
         kind="block", config=cfg, trainer_config=tcfg, drafter=drafter, data=data,
-        make_module=lambda: BlockDistillModule(drafter, verifier, cfg, tcfg, seed),
+        make_module=make_module,
         evaluate=lambda model, teacher: evaluate_blocks(model, teacher, data.val_set, cfg, seed),
-        agreement_keys=("top1_agreement", "position_top1_agreement", "simulated_acceptance_length"),
+        agreement_keys=("top1_agreement", "position_top1_agreement", "simulated_acceptance_length",
+                        "decode_tau", "decode_tau_no_prefill", "decode_acceptance"),
         per_position_key="position_top1_agreement",
         extra_info={
             "block_size": drafter.block_size,
@@ -40,9 +54,38 @@ def block_recipe(params: Params, verifier, tokenizer, corpus) -> DrafterRecipe:
     )
 
 
+def write_tau_plot(history: list[dict], directory: Path) -> None:
+    """`train_block_tau.csv` + `.png`: simulated (teacher-forced) and decoded τ at every validation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    keys = ("simulated_acceptance_length", "decode_tau", "decode_tau_no_prefill")
+    lines = ["step," + ",".join(keys)]
+    lines += [f"{point['step']}," + ",".join(str(point.get(key, "")) for key in keys) for point in history]
+    write_text_atomic(directory / "train_block_tau.csv", "\n".join(lines) + "\n")
+    figure, axis = plt.subplots(figsize=(6, 4))
+    labels = {"simulated_acceptance_length": "teacher-forced proxy (no bonus token)",
+              "decode_tau": "greedy decode τ (prefill included)", "decode_tau_no_prefill": "greedy decode τ (no prefill)"}
+    for key in keys:
+        points = [(point["step"], point[key]) for point in history if key in point]
+        if points:
+            axis.plot(*zip(*points), marker="o", label=labels[key])
+    axis.set(xlabel="training step", ylabel="tokens per verifier forward", title="block drafter τ during training")
+    axis.legend(fontsize=7)
+    save_figure_atomic(figure, directory / "train_block_tau.png")
+    plt.close(figure)
+
+
 def run(params: Params, args: argparse.Namespace | None = None) -> dict | None:
     """Train and save the block drafter; returns training.json's content on rank 0 (None elsewhere)."""
-    return distill(params, block_recipe)
+    modules: list[BlockDistillModule] = []
+    info = distill(params, lambda *parts: block_recipe(params, *parts[1:], modules=modules))
+    if info is not None and modules and modules[-1].history:
+        write_tau_plot(modules[-1].history, ArtifactPaths.from_params(params).plots)
+    return info
 
 
 def main(argv: Sequence[str] | None = None) -> int:

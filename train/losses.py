@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pipeline.config import LossConfig
+from pipeline.config import BlockLossConfig, LossConfig
 
 LOSS_NAMES = ("ce", "fkl", "rkl", "tvd", "jsd")
 
@@ -96,3 +96,41 @@ DIVERGENCES = {"fkl": fkl, "rkl": rkl, "tvd": tvd, "jsd": jsd}
 
 def needs_teacher(cfg: LossConfig) -> bool:
     return any(getattr(cfg, name) > 0 for name in DIVERGENCES)
+
+
+# --------------------------------------------------------------------------- block drafter
+
+
+def position_weighted_mean(values: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ w_k·values over valid (…, k) / Σ w_k over the same; `values`/`valid` (…, L−1), `weights` (L−1,)."""
+    weight = weights.to(values.device) * valid
+    return (values * weight).sum() / weight.sum().clamp(min=1e-12)
+
+
+def block_loss(
+    cfg: BlockLossConfig,
+    student_logits: torch.Tensor,
+    valid: torch.Tensor,
+    weights: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    teacher_logits: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The block drafter's loss over logits (…, L−1, V): Σ weight · position-weighted term; returns (total, terms).
+
+    `labels` (…, L−1) feed `ce` (the verifier's argmax or corpus tokens, the caller's choice);
+    `teacher_logits` (…, L−1, V) feed `fkl`.
+    """
+    terms: dict[str, torch.Tensor] = {}
+    if cfg.ce > 0:
+        if labels is None:
+            raise ValueError("the 'ce' block loss needs labels")
+        safe = torch.where(valid, labels, torch.zeros_like(labels))
+        nll = F.cross_entropy(student_logits.float().flatten(0, -2), safe.flatten(), reduction="none")
+        terms["ce"] = position_weighted_mean(nll.view_as(labels), valid, weights)
+    if cfg.fkl > 0:
+        if teacher_logits is None:
+            raise ValueError("the 'fkl' block loss needs the verifier's logits")
+        kl = _kl(_log_probs(teacher_logits, cfg.temperature), _log_probs(student_logits, cfg.temperature))
+        terms["fkl"] = position_weighted_mean(kl, valid, weights)
+    total = sum(getattr(cfg, name) * value for name, value in terms.items())
+    return total, terms
