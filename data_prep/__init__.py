@@ -1,0 +1,1 @@
+"""Prompt sources, the demo verifier and the corpus of verifier responses."""

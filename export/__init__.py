@@ -1,0 +1,1 @@
+"""Serving checkpoints, ONNX with parity, TensorRT engines."""

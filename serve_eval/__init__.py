@@ -1,0 +1,1 @@
+"""Speculative decoding, its evaluation, the vLLM serving check and benchmarks."""

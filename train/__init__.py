@@ -1,0 +1,1 @@
+"""Drafter models and their distillation (Lightning + DeepSpeed)."""

@@ -213,6 +213,8 @@ def make_mlflow_logger(params: Params, kind: DrafterKind, checkpoint_dir: Path) 
         abandoned = client.search_runs(
             [experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`{TAG_CHECKPOINTS}` = '{checkpoints}'"
         )
+        # `logger.experiment` has just created this process's own run, RUNNING too: never count it.
+        abandoned = [run for run in abandoned if run.info.run_id != logger.run_id]
         for run in abandoned:
             client.set_terminated(run.info.run_id, status="KILLED")
         if abandoned:
