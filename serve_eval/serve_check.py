@@ -101,7 +101,7 @@ def draftline_runs(params: Params, paths: ArtifactPaths, kinds: list[str],
     from serve_eval.decoding import decode
     from serve_eval.loading import load_proposers, load_verifier_for_decoding
 
-    verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier.dtype)
+    verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
     evaluate = params.evaluate.model_copy(update={"drafters": kinds, "backend": "torch"})
     proposers = load_proposers(paths, evaluate, verifier, tokenizer)
     runs: dict[str, dict[str, list]] = {}
