@@ -41,6 +41,7 @@ from mlflow.entities.model_registry import ModelVersion, RegisteredModel  # noqa
 from mlflow.exceptions import MlflowException  # noqa: E402
 
 from pipeline.errors import DraftlineError  # noqa: E402
+from pipeline.tracking import sqlite_artifact_root, sqlite_path  # noqa: E402
 
 for _logger in ("mlflow", "alembic"):
     logging.getLogger(_logger).setLevel(logging.WARNING)
@@ -94,21 +95,11 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 LOCK_TIMEOUT_S = 600.0
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    return Path(uri.removeprefix("sqlite:///")).resolve() if uri.startswith("sqlite:///") else None
-
-
-def _sqlite_artifact_root(uri: str) -> str | None:
-    """Artifacts of an embedded sqlite store live next to the database file, not in the cwd."""
-    database = _sqlite_path(uri)
-    return str(database.parent / "mlruns") if database else None
-
-
 def check_store(uri: str) -> None:
     """Refuse a store that would silently lose history (an empty or foreign sqlite file) and a server
     that does not answer, each with one line, before MLflow turns them into a new registry or a
     minutes-long retry loop."""
-    database = _sqlite_path(uri)
+    database = sqlite_path(uri)
     if database is not None and database.exists():
         if not database.is_file():
             raise DraftlineError(f"MLflow store {database} is not a file; point tracking.uri at an sqlite file")
@@ -140,7 +131,7 @@ def registry_lock(uri: str) -> Iterator[None]:
     """Serialises check-then-register across processes: two `promote` runs on the same evaluation
     would otherwise both miss the existing version and register duplicates. The lock file sits next
     to an sqlite store; for a server it is per user and host (runs on other hosts are not covered)."""
-    database = _sqlite_path(uri)
+    database = sqlite_path(uri)
     if database is not None:
         lock_path = database.with_name(f"{database.name}.draftline.lock")
     else:
@@ -172,7 +163,7 @@ class Registry:
     def experiment_id(self, name: str) -> str:
         experiment = self.client.get_experiment_by_name(name)
         if experiment is None:
-            return self.client.create_experiment(name, artifact_location=_sqlite_artifact_root(self.uri))
+            return self.client.create_experiment(name, artifact_location=sqlite_artifact_root(self.uri))
         if experiment.lifecycle_stage == "deleted":
             raise DraftlineError(
                 f"MLflow experiment '{name}' is deleted; restore it (`mlflow experiments restore`) "
@@ -184,13 +175,13 @@ class Registry:
     def _check_artifact_location(self, name: str, location: str) -> None:
         """MLflow stores an absolute artifact path per experiment: after the project (and its
         mlflow.db) is copied or moved, new runs would write into the old place's mlruns/."""
-        expected = _sqlite_artifact_root(self.uri)
+        expected = sqlite_artifact_root(self.uri)
         if expected is None or "://" in location.removeprefix("file://"):
             return
         actual = Path(location.removeprefix("file://")).resolve()
-        if actual != Path(expected):
+        if not actual.is_relative_to(expected):  # MLflow may add the experiment id: mlruns/<id>
             raise DraftlineError(
-                f"MLflow experiment '{name}' keeps artifacts in {actual}, not next to {_sqlite_path(self.uri)} "
+                f"MLflow experiment '{name}' keeps artifacts in {actual}, not next to {sqlite_path(self.uri)} "
                 f"(the project was moved or copied); set tracking.experiment to a new name to start a fresh "
                 f"experiment here, or run from the original location"
             )

@@ -14,3 +14,13 @@ def tracking_uri(params: Params, base: Path | str = ".") -> str:
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     return f"sqlite:///{(Path(base) / 'mlflow.db').resolve()}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    return Path(uri.removeprefix("sqlite:///")).resolve() if uri.startswith("sqlite:///") else None
+
+
+def sqlite_artifact_root(uri: str) -> str | None:
+    """Artifacts of an embedded sqlite store live next to the database file, not in the cwd."""
+    database = sqlite_path(uri)
+    return str(database.parent / "mlruns") if database else None

@@ -358,3 +358,16 @@ def test_moved_project_is_refused_instead_of_writing_into_the_old_place(tmp_path
     err = _failed_promotion(_ready_workspace(new, f"sqlite:///{new / 'mlflow.db'}", "moved", tokenizer_dir, 2, 2.5),
                             capsys)
     assert "keeps artifacts in" in err and str(old / "mlruns") in err and "\n" not in err
+
+
+def test_experiment_created_by_training_is_not_taken_for_a_moved_project(tmp_path, tokenizer_dir):
+    """Lightning's MLflow logger creates the experiment with artifacts under mlruns/<id> next to the DB."""
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    Registry(store)  # migrate the store
+    MlflowClient(store).create_experiment(EXPERIMENT, artifact_location=str(tmp_path / "mlruns" / "1"))
+    ws = _ready_workspace(tmp_path, store, "trained-first", tokenizer_dir)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        assert ws.promote()["drafters"]["ar"]["promoted"]

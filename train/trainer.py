@@ -24,7 +24,7 @@ from pipeline.config import Params, TrainerConfig
 from pipeline.lineage import read_json
 from pipeline.paths import DrafterKind
 from pipeline.progress import info
-from pipeline.tracking import tracking_uri
+from pipeline.tracking import sqlite_artifact_root, tracking_uri
 from train.strategies import make_strategy, uses_gpu
 
 TRAINING_INFO = "training.json"
@@ -201,10 +201,13 @@ def make_mlflow_logger(params: Params, kind: DrafterKind, checkpoint_dir: Path) 
     """The run is tagged with its checkpoint dir: runs left RUNNING there by a killed process are
     marked KILLED when training starts again (the dir is single-writer, so none can still be alive)."""
     checkpoints = str(Path(checkpoint_dir).resolve())
+    uri = tracking_uri(params)
     logger = MLFlowLogger(
         experiment_name=params.tracking.experiment,
         run_name=f"train_{kind}",
-        tracking_uri=tracking_uri(params),
+        tracking_uri=uri,
+        # where promotion expects it when training creates the experiment first: next to the sqlite file
+        artifact_location=sqlite_artifact_root(uri),
         tags={"draftline.kind": kind, "draftline.stage": "train", TAG_CHECKPOINTS: checkpoints},
         log_model=False,
     )
