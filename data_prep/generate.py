@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from pipeline.config import SamplingConfig
+from pipeline.sampling import warp_probs
 
 
 @dataclass(frozen=True)
@@ -33,25 +34,10 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch
     return input_ids, attention_mask
 
 
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Top-k then nucleus (top-p) filtering of (B, V) logits; removed entries become -inf."""
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # drop a token when the mass before it already reaches top_p (the top token always stays)
-        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
 def next_tokens(logits: torch.Tensor, sampling: SamplingConfig, generators: list[torch.Generator] | None) -> torch.Tensor:
-    if sampling.temperature == 0.0:
+    if sampling.greedy:
         return logits.argmax(dim=-1)
-    probs = filter_logits(logits.float() / sampling.temperature, sampling.top_k, sampling.top_p).softmax(dim=-1)
+    probs = warp_probs(logits, sampling)
     return torch.cat([torch.multinomial(probs[row], 1, generator=generators[row]) for row in range(len(probs))])
 
 

@@ -7,8 +7,9 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from pipeline.integrity import MASK_TOKEN
+
 EOS_TOKEN = "<|endoftext|>"
-MASK_TOKEN = "<|mask|>"
 PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = [EOS_TOKEN, MASK_TOKEN, PAD_TOKEN]
 

@@ -13,7 +13,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
-from data_prep.tokenizer import MASK_TOKEN
 from pipeline.atomic import write_json_atomic
 from pipeline.errors import DraftlineError
 from pipeline.integrity import safetensors_shapes
@@ -99,28 +98,3 @@ def load_verifier(paths: ArtifactPaths, dtype: str = "float32", trust_remote_cod
     if record["source"] == "bootstrap" and not (paths.verifier / "config.json").is_file():
         raise DraftlineError(f"{paths.verifier} has {RECORD_NAME} but no checkpoint; {_MISSING_HINT}")
     return load_model_and_tokenizer(location, dtype, trust_remote_code)
-
-
-def mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
-    if tokenizer.mask_token_id is not None:
-        return tokenizer.mask_token_id
-    token_id = tokenizer.get_vocab().get(MASK_TOKEN)
-    return token_id
-
-
-def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
-    return {"eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id, "mask": mask_token_id(tokenizer)}
-
-
-def check_same_tokenizer(verifier_tok: PreTrainedTokenizerBase, drafter_tok: PreTrainedTokenizerBase, what: str) -> None:
-    """Drafts are verified token id by token id, so the vocabularies must be identical."""
-    if verifier_tok.get_vocab() != drafter_tok.get_vocab():
-        raise DraftlineError(
-            f"{what}: tokenizer vocabulary differs from the verifier's ({len(drafter_tok)} vs {len(verifier_tok)} "
-            "tokens); rebuild it against the current verifier"
-        )
-    ours, theirs = _special_ids(verifier_tok), _special_ids(drafter_tok)
-    if ours != theirs:
-        raise DraftlineError(
-            f"{what}: special token ids differ from the verifier's ({theirs} vs {ours}); rebuild it against the current verifier"
-        )

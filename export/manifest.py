@@ -9,11 +9,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from export.onnx_export import IOSpec
-from export.validate import TOKENIZER_FILES
+from pipeline.drafters.onnx_io import MANIFEST_NAME, IOSpec
+from pipeline.drafters.served import TOKENIZER_FILES
 from pipeline.lineage import hash_file
-
-MANIFEST_NAME = "manifest.json"
 
 
 def file_table(directory: Path) -> dict[str, dict]:
@@ -52,7 +50,7 @@ def build_manifest(
     return {
         "kind": kind,
         "files": file_table(out_dir),
-        "onnx": {"path": "model.onnx", "opset": opset, "exporter": exporter, **spec.to_json(), "sizes": spec.sizes},
+        "onnx": {"path": "model.onnx", "opset": opset, "exporter": exporter, **spec.to_json()},
         "tokenizer_hash": tokenizer_hash(serving_dir),
         "verifier": {"id": verifier["id"], "hash": verifier["hash"]},
         "lineage": lineage,

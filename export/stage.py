@@ -14,20 +14,21 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer
 
 from data_prep.corpus import load_corpus
-from data_prep.verifier import check_same_tokenizer, load_verifier, model_location, read_record, verifier_identity
-from export import onnx_export, parity, serving, tensorrt_build
-from export.manifest import MANIFEST_NAME, build_manifest
-from export.ort_session import ort_session
-from export.validate import validate_causal_lm, validate_dflash
+from data_prep.verifier import load_verifier, model_location, read_record, verifier_identity
+from export import serving, tensorrt_build
+from export.manifest import build_manifest
 from pipeline.atomic import atomic_dir, write_json_atomic, write_text_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params
+from pipeline.drafters.kind import DrafterKind, OnnxExport, OnnxJob
+from pipeline.drafters.onnx_io import MANIFEST_NAME, ParityReport, export_onnx, ort_session, run_session, with_float_dtype
+from pipeline.drafters.registry import KINDS
 from pipeline.errors import DraftlineError
-from pipeline.integrity import check_drafter_matches_verifier
-from pipeline.lineage import git_commit, hash_dir, read_json, trained_draft_tokens
+from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer
+from pipeline.lineage import git_commit, hash_dir, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 
@@ -57,65 +58,27 @@ def _parity_texts(params: Params, paths: ArtifactPaths) -> list[tuple[list[int],
     return [(list(p), list(r)) for p, r in zip(rows["prompt_ids"], rows["response_ids"])]
 
 
-# --------------------------------------------------------------------------- per kind
-
-
-def _export_ar(serving_dir: Path, out: Path, params: Params, texts):
-    model = AutoModelForCausalLM.from_pretrained(serving_dir, dtype=torch.float32).eval().requires_grad_(False)
-    spec = onnx_export.ar_io_spec(model.config)
-    wrapper = onnx_export.ARDecodeWrapper(model).eval()
-    generator = torch.Generator().manual_seed(params.project.seed)
-    example = parity.ar_feeds(spec, torch.randint(0, spec.sizes["vocab_size"], (2, 3), generator=generator),
-                              parity.random_past(spec, 2, 5, generator))
-    path = onnx_export.export_onnx(wrapper, spec, example, out, params.export.opset, params.export.exporter)
-    prompts = [prompt for prompt, _ in texts]
-    report = parity.ar_parity(wrapper, ort_session(path), spec, prompts, params.export.parity_steps,
-                              params.export.atol, params.export.rtol, params.project.seed)
-    return wrapper, spec, path, report
-
-
-def _export_block(drafter_dir: Path, out: Path, params: Params, texts, verifier: PreTrainedModel):
-    from train.block_model import DFlashDraftModel  # lazy: only this kind needs the train package
-
-    model = DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval().requires_grad_(False)
-    embed, lm_head = verifier.get_input_embeddings(), verifier.get_output_embeddings()
-    spec = onnx_export.block_io_spec(model, verifier.config.get_text_config().vocab_size)
-    wrapper = onnx_export.BlockDraftWrapper(model, embed, lm_head).eval()
-    generator = torch.Generator().manual_seed(params.project.seed)
-    example = parity.block_random_feeds(spec, 2, 5, 3, generator)
-    path = onnx_export.export_onnx(wrapper, spec, example, out, params.export.opset, params.export.exporter)
-    contexts = []
-    with torch.no_grad():
-        for prompt, response in texts:
-            ids = prompt + response
-            hidden = verifier(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
-            contexts.append((model.fuse_target_hidden(hidden), ids))
-    reference = parity.BlockReference(model, embed, lm_head)
-    report = parity.block_parity(reference, ort_session(path), spec, contexts, params.export.parity_steps,
-                                 params.export.atol, params.export.rtol, params.project.seed)
-    return wrapper, spec, path, report
-
-
-def _tensorrt(kind: str, wrapper, spec, onnx_path: Path, out: Path, params: Params,
+def _tensorrt(kind: DrafterKind, exported: OnnxExport, out: Path, params: Params,
               skip_reason: str | None) -> tuple[dict | None, str | None]:
     """Build the engine and run it once against ONNX Runtime; returns (engine record, skip reason)."""
     if skip_reason:
         return None, skip_reason
+    spec = exported.spec
     plan = tensorrt_build.precision_plan(params.export.trt_precision, tensorrt_build.tensorrt_major())
-    feeds = parity.opt_feeds(kind, spec, params.export.profile, params.project.seed)
-    build_onnx, build_spec = onnx_path, spec
+    feeds = kind.opt_feeds(spec, params.export.profile, params.project.seed)
+    build_onnx, build_spec = exported.path, spec
     if plan.onnx_dtype != "float32":  # strongly typed: the graph itself carries the precision
         dtype = getattr(torch, plan.onnx_dtype)
-        low = copy.deepcopy(wrapper).to(dtype)  # a copy: the verifier's embedding/LM head stay fp32
-        build_spec = onnx_export.with_float_dtype(spec, plan.onnx_dtype)
+        low = copy.deepcopy(exported.wrapper).to(dtype)  # a copy: the verifier's embedding/LM head stay fp32
+        build_spec = with_float_dtype(spec, plan.onnx_dtype)
         example = {n: t.to(dtype) if t.is_floating_point() else t for n, t in feeds.items()}
-        build_onnx = onnx_export.export_onnx(low, build_spec, example, out / f"onnx_{plan.onnx_dtype}",
-                                             params.export.opset, params.export.exporter)
+        build_onnx = export_onnx(low, build_spec, example, out / f"onnx_{plan.onnx_dtype}", params.export.opset,
+                                 params.export.exporter)
     engine = tensorrt_build.build_engine(build_onnx, build_spec, params.export, plan,
                                          out / tensorrt_build.ENGINE_NAME)
-    expected = ort_session(onnx_path).run(spec.output_names, {n: t.numpy() for n, t in feeds.items()})
+    expected = run_session(ort_session(exported.path), spec, feeds)
     got = tensorrt_build.run_engine(engine, build_spec, feeds)
-    check = parity.ParityReport(params.export.atol, params.export.rtol)
+    check = ParityReport(params.export.atol, params.export.rtol)
     check.add("engine vs onnxruntime at the opt profile shapes", spec.output_names, expected, got)
     profiles = tensorrt_build.profile_shapes(build_spec, params.export.profile)
     return {"path": engine.name, "precision": params.export.trt_precision, "onnx": build_onnx.relative_to(out).as_posix(),
@@ -125,56 +88,53 @@ def _tensorrt(kind: str, wrapper, spec, onnx_path: Path, out: Path, params: Para
             "parity_vs_onnxruntime": check.to_json()["outputs"]}, None
 
 
-def export_serving(kind: str, drafter_dir: Path, out: Path, target: Path, verifier: str, ar_draft_tokens: int | None,
-                   verifier_tok) -> dict:
-    """`serving/` (validated as the serving stacks load it), `launch.md` and `vllm.json` under `out`, which
+def export_serving(kind: DrafterKind, drafter_dir: Path, out: Path, target: Path, verifier: str, verifier_tok) -> dict:
+    """`serving/` (checked as the serving stacks load it), `launch.md` and `vllm.json` under `out`, which
     becomes `target`; returns the served config."""
     serving_dir = out / serving.SERVING_DIR
     serving.copy_checkpoint(drafter_dir, serving_dir)
-    if kind == "block":
-        serving.write_dflash_serving_config(serving_dir)
-    config = validate_causal_lm(serving_dir) if kind == "ar" else validate_dflash(serving_dir)
-    check_same_tokenizer(verifier_tok, AutoTokenizer.from_pretrained(serving_dir), f"{kind} drafter")
-    launch = serving.launch_info(kind, config, verifier, (target / serving.SERVING_DIR).resolve(), ar_draft_tokens)
-    write_text_atomic(out / serving.LAUNCH_NAME, serving.launch_markdown(kind, launch))
-    write_json_atomic(out / serving.VLLM_NAME, serving.vllm_job(kind, launch))
+    config = kind.serving_layout(serving_dir)
+    check_same_tokenizer(verifier_tok, AutoTokenizer.from_pretrained(serving_dir), f"{kind.name} drafter")
+    launch = kind.launch(config, verifier, (target / serving.SERVING_DIR).resolve(), drafter_dir)
+    write_text_atomic(out / serving.LAUNCH_NAME, launch.markdown)
+    write_json_atomic(out / serving.VLLM_NAME, serving.vllm_job(verifier, launch))
     return config
 
 
-def export_kind(kind: str, params: Params, paths: ArtifactPaths, verifier, verifier_tok, identity: dict,
+def export_kind(kind: DrafterKind, params: Params, paths: ArtifactPaths, verifier, verifier_tok, identity: dict,
                 texts, trt_skip: str | None) -> dict:
-    drafter_dir = paths.drafter(kind)
-    target = paths.export(kind)
-    check_drafter_matches_verifier(drafter_dir, verifier.config, f"{kind} drafter at {drafter_dir}",
-                                   f"retrain it (`dvc repro train_{kind}`)")
+    drafter_dir = paths.drafter(kind.name)
+    target = paths.export(kind.name)
+    check_drafter_matches_verifier(drafter_dir, verifier.config, f"{kind.name} drafter at {drafter_dir}",
+                                   f"retrain it (`dvc repro train_{kind.name}`)")
     with atomic_dir(target) as out:
         serving_dir = out / serving.SERVING_DIR
-        export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), trained_draft_tokens(drafter_dir),
-                       verifier_tok)
-        if kind == "ar":
-            wrapper, spec, onnx_path, report = _export_ar(serving_dir, out, params, texts)
-        else:  # the drafter's own config: the served one names model_type qwen3 for the serving stacks
-            wrapper, spec, onnx_path, report = _export_block(drafter_dir, out, params, texts, verifier)
+        export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), verifier_tok)
+        exported = kind.export_onnx(OnnxJob(drafter_dir, serving_dir, out, params.export, params.project.seed,
+                                            texts, verifier))
+        report = exported.parity
         write_json_atomic(out / PARITY_NAME, report.to_json())
         if not report.passed:
-            raise DraftlineError(f"{kind} drafter: ONNX Runtime differs from PyTorch beyond atol={report.atol} "
+            raise DraftlineError(f"{kind.name} drafter: ONNX Runtime differs from PyTorch beyond atol={report.atol} "
                                  f"rtol={report.rtol}: {', '.join(report.failures())}; check the export or loosen "
                                  "export.atol/export.rtol in params.yaml")
-        engine, skip_reason = _tensorrt(kind, wrapper, spec, onnx_path, out, params, trt_skip)
+        engine, skip_reason = _tensorrt(kind, exported, out, params, trt_skip)
         skipped = {"tensorrt": skip_reason} if skip_reason else {}
-        manifest = build_manifest(kind=kind, out_dir=out, serving_dir=serving_dir, spec=spec,
+        manifest = build_manifest(kind=kind.name, out_dir=out, serving_dir=serving_dir, spec=exported.spec,
                                   opset=params.export.opset, exporter=params.export.exporter, verifier=identity,
                                   lineage=_drafter_lineage(drafter_dir, params), parity=report.to_json(),
                                   skipped=skipped, tensorrt=engine)
         write_json_atomic(out / MANIFEST_NAME, manifest)
     worst = report.outputs["logits"]
-    return {f"{kind} logits max abs": worst["max_abs"], f"{kind} logits max rel": worst["max_rel"],
-            f"{kind} parity cases": len(report.cases), f"{kind} tensorrt": "built" if engine else f"skipped ({skip_reason})"}
+    name = kind.name
+    return {f"{name} logits max abs": worst["max_abs"], f"{name} logits max rel": worst["max_rel"],
+            f"{name} parity cases": len(report.cases), f"{name} tensorrt": "built" if engine else f"skipped ({skip_reason})"}
 
 
 def run(params: Params, args: argparse.Namespace) -> None:
     paths = ArtifactPaths.from_params(params)
     trt_skip = tensorrt_build.check_tensorrt_mode(params.export)  # `required` fails before any work
+    kinds = [KINDS[name] for name in params.export.kinds]
     for kind in params.export.kinds:
         if not (paths.drafter(kind) / "config.json").is_file():
             raise DraftlineError(f"no {kind} drafter at {paths.drafter(kind)}; run `dvc repro train_{kind}` "
@@ -183,8 +143,8 @@ def run(params: Params, args: argparse.Namespace) -> None:
     verifier, verifier_tok = load_verifier(paths, trust_remote_code=params.verifier.trust_remote_code)
     texts = _parity_texts(params, paths)
     summary: dict[str, object] = {}
-    for kind in params.export.kinds:
-        info(f"export: {kind} drafter")
+    for kind in kinds:
+        info(f"export: {kind.name} drafter")
         summary.update(export_kind(kind, params, paths, verifier, verifier_tok, identity, texts, trt_skip))
     print_summary("export", summary)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from export.onnx_export import BATCH, PAST, SEQ, IOSpec
 from pipeline.config import ExportConfig, ProfileConfig
+from pipeline.drafters.onnx_io import BATCH, PAST, SEQ, IOSpec
 from pipeline.errors import DraftlineError
 
 ENGINE_NAME = "engine.plan"
@@ -141,7 +141,7 @@ def build_engine(onnx_path: Path, spec: IOSpec, config: ExportConfig, plan: Prec
 
 
 def run_engine(engine_path: Path, spec: IOSpec, feeds: dict) -> list[np.ndarray]:
-    """One synchronous run on the current CUDA device. `feeds` are torch tensors; floating inputs are
+    """One synchronous run on the current CUDA device. `feeds` are tensors or arrays; floating inputs are
     cast to the engine's dtype (`spec`), outputs come back as float32 / int64 numpy arrays."""
     import tensorrt as trt
     import torch
@@ -151,7 +151,7 @@ def run_engine(engine_path: Path, spec: IOSpec, feeds: dict) -> list[np.ndarray]
     context = engine.create_execution_context()
     keep = []  # device buffers must outlive the run
     for tensor_spec in spec.inputs:
-        tensor = feeds[tensor_spec.name].to("cuda", getattr(torch, tensor_spec.dtype)).contiguous()
+        tensor = torch.as_tensor(feeds[tensor_spec.name]).to("cuda", getattr(torch, tensor_spec.dtype)).contiguous()
         keep.append(tensor)
         context.set_input_shape(tensor_spec.name, tuple(tensor.shape))
         context.set_tensor_address(tensor_spec.name, tensor.data_ptr())

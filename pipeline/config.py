@@ -9,7 +9,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Literal, Optional, Union, get_args
 
 import yaml
 from pydantic import (
@@ -24,6 +24,10 @@ from pydantic import (
 )
 
 from pipeline.errors import ParamsError
+
+# Drafter kinds by name; each has its package under pipeline/drafters/ (registry.py maps name -> kind).
+DrafterName = Literal["ar", "block"]
+DRAFTER_NAMES: tuple[str, ...] = get_args(DrafterName)
 
 DEFAULT_PARAMS_PATH = Path("params.yaml")
 
@@ -164,9 +168,15 @@ class PromptSourceConfig(Section):
 
 
 class SamplingConfig(Section):
+    """How tokens are drawn (pipeline/sampling.py); temperature 0 is greedy."""
+
     temperature: float = Field(0.0, ge=0.0, le=5.0)
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
 
 
 class SplitConfig(Section):
@@ -401,7 +411,7 @@ class ProfileConfig(Section):
 
 
 class ExportConfig(Section):
-    kinds: list[Literal["ar", "block"]] = Field(default_factory=lambda: ["ar", "block"], min_length=1)
+    kinds: list[DrafterName] = Field(default_factory=lambda: list(DRAFTER_NAMES), min_length=1)
 
     @field_validator("kinds")
     @classmethod
@@ -423,7 +433,7 @@ class ExportConfig(Section):
 
 
 class EvaluateConfig(Section):
-    drafters: list[Literal["ar", "block"]] = Field(default_factory=lambda: ["ar", "block"], min_length=1)
+    drafters: list[DrafterName] = Field(default_factory=lambda: list(DRAFTER_NAMES), min_length=1)
     prompts_per_domain: int = Field(12, ge=1)
     max_new_tokens: int = Field(64, ge=1)
     temperatures: list[float] = Field(default_factory=lambda: [0.0, 0.8], min_length=1)

@@ -7,9 +7,12 @@ import json
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
+from transformers import PreTrainedTokenizerBase
 
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_file
+
+MASK_TOKEN = "<|mask|>"  # the block drafter's mask token, when a tokenizer has no mask_token of its own
 
 
 def verify_manifest(directory: Path, manifest_name: str = "manifest.json") -> None:
@@ -74,3 +77,34 @@ def check_drafter_matches_verifier(directory: Path, verifier_config, what: str, 
     for name, shape in sorted(safetensors_shapes(directory, fix).items()):
         if name.endswith(("embed_tokens.weight", "lm_head.weight")) and shape[0] != vocab:
             raise DraftlineError(f"{what}: {name} has {shape[0]} rows, the verifier's vocabulary has {vocab}; {fix}")
+
+
+def mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    if tokenizer.mask_token_id is not None:
+        return tokenizer.mask_token_id
+    return tokenizer.get_vocab().get(MASK_TOKEN)
+
+
+def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
+    return {"eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id, "mask": mask_token_id(tokenizer)}
+
+
+def check_same_tokenizer(verifier_tok: PreTrainedTokenizerBase, drafter_tok: PreTrainedTokenizerBase, what: str) -> None:
+    """Drafts are verified token id by token id, so the vocabularies must be identical."""
+    if verifier_tok.get_vocab() != drafter_tok.get_vocab():
+        raise DraftlineError(
+            f"{what}: tokenizer vocabulary differs from the verifier's ({len(drafter_tok)} vs {len(verifier_tok)} "
+            "tokens); rebuild it against the current verifier"
+        )
+    ours, theirs = _special_ids(verifier_tok), _special_ids(drafter_tok)
+    if ours != theirs:
+        raise DraftlineError(
+            f"{what}: special token ids differ from the verifier's ({theirs} vs {ours}); rebuild it against the current verifier"
+        )
+
+
+def require_checkpoint(path: Path, kind: str) -> None:
+    """A trained drafter of `kind` at `path`, or one line saying which stage makes it."""
+    if not (path / "config.json").exists():
+        raise DraftlineError(f"drafter '{kind}' not found at {path}; run `dvc repro train_{kind}` "
+                             f"(or remove '{kind}' from the drafters listed in params.yaml)")

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from pipeline.config import Params
-
-DrafterKind = Literal["ar", "block"]
+from pipeline.config import DrafterName, Params
 
 
 @dataclass(frozen=True)
@@ -39,12 +36,12 @@ class ArtifactPaths:
         """Finished generation shards; kept (DVC `persist`) so a killed build_corpus resumes."""
         return self.root / "corpus_shards"
 
-    def drafter(self, kind: DrafterKind) -> Path:
+    def drafter(self, kind: DrafterName) -> Path:
         return self.root / "drafters" / kind
 
-    def checkpoints(self, kind: DrafterKind) -> Path:
+    def checkpoints(self, kind: DrafterName) -> Path:
         """Lightning checkpoints of a training run; kept (DVC `persist`) for resume."""
         return self.root / "checkpoints" / kind
 
-    def export(self, kind: DrafterKind) -> Path:
+    def export(self, kind: DrafterName) -> Path:
         return self.root / "export" / kind

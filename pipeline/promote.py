@@ -24,7 +24,7 @@ from rich.table import Table
 
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
+from pipeline.config import DRAFTER_NAMES, Params
 from pipeline.errors import DraftlineError
 from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics
 from pipeline.integrity import verify_manifest
@@ -51,7 +51,6 @@ from pipeline.registry import (
 )
 from pipeline.tracking import tracking_uri
 
-DRAFTER_KINDS = ("ar", "block")
 DVC_LOCK = Path("dvc.lock")
 
 
@@ -80,9 +79,9 @@ class Evaluation:
             raise DraftlineError(f"{path}: missing verifier.id / verifier.hash; rerun `draftline evaluate`")
         if not isinstance(drafters, dict) or not drafters:
             raise DraftlineError(f"{path}: no evaluated drafters under 'drafters'; rerun `draftline evaluate`")
-        unknown = sorted(set(drafters) - set(DRAFTER_KINDS))
+        unknown = sorted(set(drafters) - set(DRAFTER_NAMES))
         if unknown:
-            raise DraftlineError(f"{path}: unknown drafter kind(s) {unknown}; expected {list(DRAFTER_KINDS)}")
+            raise DraftlineError(f"{path}: unknown drafter kind(s) {unknown}; expected {list(DRAFTER_NAMES)}")
         return cls(path, hash_file(path), str(verifier["id"]), str(verifier["hash"]),
                    str(data.get("corpus_hash", "")), drafters)
 

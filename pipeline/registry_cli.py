@@ -19,11 +19,11 @@ from typing import Sequence
 from rich.table import Table
 
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
+from pipeline.config import DRAFTER_NAMES, Params
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
-from pipeline.promote import DRAFTER_KINDS, Evaluation, comparisons_table, gate_version
+from pipeline.promote import Evaluation, comparisons_table, gate_version
 from pipeline.registry import (
     CHAMPION,
     PREVIOUS_CHAMPION,
@@ -44,7 +44,7 @@ TAG_FORCED_AT = "gate.forced_at"
 
 
 def resolve_model(params: Params, model: str) -> str:
-    if model not in DRAFTER_KINDS:
+    if model not in DRAFTER_NAMES:
         return model
     evaluation = Evaluation.load(ArtifactPaths.from_params(params).metrics / "eval.json")
     return registered_model_name(params.promote.model_name_prefix, evaluation.verifier_id, model)

@@ -16,15 +16,15 @@ from rich.table import Table
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
+from pipeline.config import Params, SamplingConfig
+from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
+from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
+from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info
-from serve_eval.decoding import ARProposer, BlockProposer
-from serve_eval.drafters import BlockDrafter, TorchARDrafter
 from serve_eval.evaluate import evaluate_cell
-from serve_eval.loading import load_proposers, load_test_prompts, load_verifier_for_decoding
-from serve_eval.verification import Sampling
+from serve_eval.loading import load_drafters, load_test_prompts, load_verifier_for_decoding
 
 
 def demo_setup(params: Params, per_domain: int):
@@ -35,14 +35,12 @@ def demo_setup(params: Params, per_domain: int):
     if not kinds:
         raise DraftlineError("no trained drafter")
     config = params.evaluate.model_copy(update={"drafters": kinds, "backend": "torch"})
-    proposers = {kind: (proposer, peer) for kind, (proposer, _, peer)
-                 in load_proposers(paths, config, verifier, tokenizer).items()}
+    proposers = {kind: (drafter.proposer, drafter.peer_model)
+                 for kind, drafter in load_drafters(paths, config, verifier, tokenizer).items()}
     return verifier, tokenizer.eos_token_id, prompts, proposers
 
 
 def random_setup(params: Params, count: int):
-    from train.block_model import DFlashConfig, DFlashDraftModel
-
     torch.manual_seed(params.evaluate.seed)
 
     def qwen3(layers: int) -> Qwen3ForCausalLM:
@@ -74,7 +72,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
                    "ours vs HF"):
         table.add_column(column)
     for kind, (proposer, peer) in proposers.items():
-        tally = evaluate_cell(verifier, proposer, prompts, Sampling(), max_new_tokens=args.max_new_tokens,
+        tally = evaluate_cell(verifier, proposer, prompts, SamplingConfig(), max_new_tokens=args.max_new_tokens,
                               eos_token_id=eos, seed=0, desc=f"bench {kind}", peer_drafter=peer,
                               draft_tokens=proposer.draft_tokens if peer is not None else 0)
         metrics = tally.metrics()

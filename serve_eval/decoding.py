@@ -1,7 +1,7 @@
-"""Decoding loops with KV caches, batch size 1: the verifier alone (baseline), AR speculative and
-DFlash block speculative decoding.
+"""The decoding loop with KV caches, batch size 1: the verifier alone (baseline) or speculative with
+any drafter kind's proposer (`pipeline/drafters/<kind>/decoding.py`).
 
-All three run the same `decode` loop over one verifier KV cache, so the baseline uses exactly the
+Both run the same `decode` loop over one verifier KV cache, so the baseline uses exactly the
 cache code the speculative loops use. Invariant between steps: the verifier cache holds every
 committed token except the last one, which is fed at the start of the next verifier forward
 together with the drafts. A rejection crops the cache back; accepted prefixes are never recomputed.
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from serve_eval.cache import crop_cache
-from serve_eval.drafters import ARDraftBackend, BlockDrafter
-from serve_eval.verification import Sampling, greedy_accept, rejection_accept, sample, warp_probs
+from pipeline.config import SamplingConfig
+from pipeline.drafters.kind import Proposer
+from pipeline.kv_cache import crop_cache
+from pipeline.sampling import greedy_accept, rejection_accept, warp_probs
 
 
 @dataclass
@@ -59,84 +59,6 @@ class Generation:
         return len(self.new_ids) / max(1, self.verifier_forwards)
 
 
-class Proposer(Protocol):
-    uses_hidden_states: bool
-
-    def reset(self) -> None: ...
-
-    def propose(self, tokens: list[int], k: int, sampling: Sampling,
-                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
-        """Up to k draft tokens after `tokens`, and their proposal probabilities (k, V) (None: one-hot)."""
-
-    def observe(self, hidden_states: tuple[torch.Tensor, ...], first_position: int, count: int) -> None:
-        """Verifier features of `count` newly committed positions starting at `first_position`."""
-
-
-class ARProposer:
-    """k tokens from an AR drafter; its cache is synced to the committed tokens by common prefix."""
-
-    uses_hidden_states = False
-
-    def __init__(self, backend: ARDraftBackend, draft_tokens: int):
-        self.backend = backend
-        self.draft_tokens = draft_tokens
-        self.cached: list[int] = []  # the token ids whose keys/values the backend holds
-
-    def reset(self) -> None:
-        self.backend.reset()
-        self.cached = []
-
-    def sync(self, tokens: list[int]) -> None:
-        keep = 0
-        limit = min(len(self.cached), len(tokens) - 1)  # the last token is always fed, for its logits
-        while keep < limit and self.cached[keep] == tokens[keep]:
-            keep += 1
-        self.backend.crop(keep)
-        del self.cached[keep:]
-
-    def propose(self, tokens, k, sampling, generator):
-        self.sync(tokens)
-        pending = tokens[len(self.cached):]
-        drafts: list[int] = []
-        probs: list[torch.Tensor] = []
-        for _ in range(k):
-            logits = self.backend.forward(pending)
-            self.cached.extend(pending)
-            if sampling.greedy:
-                token = int(logits.argmax())
-            else:
-                q = warp_probs(logits, sampling)
-                token = sample(q, generator)
-                probs.append(q)
-            drafts.append(token)
-            pending = [token]
-        return drafts, (torch.stack(probs) if probs else None)
-
-    def observe(self, hidden_states, first_position, count) -> None:
-        """Never called (`uses_hidden_states` is False): the AR drafter keeps its own cache."""
-
-
-class BlockProposer:
-    """B-1 tokens in one DFlash drafter pass from cached verifier features (argmax, so q is one-hot)."""
-
-    uses_hidden_states = True
-
-    def __init__(self, drafter: BlockDrafter):
-        self.drafter = drafter
-        self.draft_tokens = drafter.block_size - 1
-
-    def reset(self) -> None:
-        self.drafter.reset()
-
-    def propose(self, tokens, k, sampling, generator):
-        if self.drafter.context_length == 0 or k == 0:
-            return [], None  # the prefill forward has no features to draft from yet
-        return self.drafter.draft(tokens[-1], len(tokens) - 1)[:k], None
-
-    def observe(self, hidden_states, first_position, count) -> None:
-        self.drafter.extend(hidden_states, first_position, count)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -149,7 +71,7 @@ def decode(
     max_new_tokens: int,
     *,
     proposer: Proposer | None = None,
-    sampling: Sampling = Sampling(),
+    sampling: SamplingConfig = SamplingConfig(),
     eos_token_id: int | None = None,
     generator: torch.Generator | None = None,
 ) -> Generation:

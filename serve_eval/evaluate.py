@@ -18,22 +18,22 @@ import torch
 
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
+from pipeline.config import Params, SamplingConfig
+from pipeline.drafters.kind import Proposer
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info, progress
-from serve_eval.decoding import Generation, Proposer, decode
-from serve_eval.loading import load_proposers, load_test_prompts, load_verifier_for_decoding
+from serve_eval.decoding import Generation, decode
+from serve_eval.loading import load_drafters, load_test_prompts, load_verifier_for_decoding
 from serve_eval.peer import hf_assisted_generate
 from serve_eval.plots import write_plots
 from serve_eval.tally import Tally
-from serve_eval.verification import Sampling
 
 
 def temperature_key(temperature: float) -> str:
     return str(float(temperature))
 
 
-def evaluate_cell(verifier, proposer: Proposer, prompts: list[list[int]], sampling: Sampling, *,
+def evaluate_cell(verifier, proposer: Proposer, prompts: list[list[int]], sampling: SamplingConfig, *,
                   max_new_tokens: int, eos_token_id: int | None, seed: int, desc: str,
                   peer_drafter=None, draft_tokens: int = 0) -> Tally:
     tally = Tally()
@@ -71,7 +71,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
 
     verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
     prompts = load_test_prompts(paths, config.prompts_per_domain, verifier.config.vocab_size)
-    proposers = load_proposers(paths, config, verifier, tokenizer)  # fails early when one is missing
+    drafters = load_drafters(paths, config, verifier, tokenizer)  # fails early when one is missing
     identity = verifier_identity(paths)
     report: dict = {"verifier": {"id": identity["id"], "hash": identity["hash"]},
                     "corpus_hash": corpus_hash(paths),
@@ -79,10 +79,11 @@ def run(params: Params, args: argparse.Namespace) -> dict:
                     "drafters": {}}
     tallies: dict[tuple[str, str, str], Tally] = {}
     torch.manual_seed(config.seed)
-    for kind, (proposer, backend, peer_drafter) in proposers.items():
-        entry = {"backend": backend, "by_temperature": {}, "mismatches": 0}
+    for kind, drafter in drafters.items():
+        proposer, peer_drafter = drafter.proposer, drafter.peer_model
+        entry = {"backend": drafter.backend, "by_temperature": {}, "mismatches": 0}
         for temperature in config.temperatures:
-            sampling = Sampling(temperature, config.top_k, config.top_p)
+            sampling = SamplingConfig(temperature=temperature, top_k=config.top_k, top_p=config.top_p)
             key = temperature_key(temperature)
             entry["by_temperature"][key] = {}
             for domain, domain_prompts in prompts.items():

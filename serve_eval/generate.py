@@ -10,13 +10,12 @@ import torch
 from rich.text import Text
 
 from pipeline.cli import positive_int_arg, run_stage, stage_parser, temperature_arg
-from pipeline.config import Params
+from pipeline.config import DRAFTER_NAMES, Params, SamplingConfig
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, print_summary
 from serve_eval.decoding import decode
-from serve_eval.loading import load_proposers, load_verifier_for_decoding
-from serve_eval.verification import Sampling
+from serve_eval.loading import load_drafters, load_verifier_for_decoding
 
 
 def render(tokenizer, generation) -> Text:
@@ -36,7 +35,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
     paths = ArtifactPaths.from_params(params)
     config = params.evaluate.model_copy(update={"drafters": [args.drafter], "backend": "torch"})
     verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
-    proposer, _, _ = load_proposers(paths, config, verifier, tokenizer)[args.drafter]
+    proposer = load_drafters(paths, config, verifier, tokenizer)[args.drafter].proposer
     prompt_ids = tokenizer(args.prompt)["input_ids"]
     if not prompt_ids:
         prompt_ids = [tokenizer.eos_token_id]
@@ -47,7 +46,8 @@ def run(params: Params, args: argparse.Namespace) -> None:
             f"context of {context} positions; shorten the prompt or lower --max-new-tokens"
         )
     generation = decode(verifier, prompt_ids, args.max_new_tokens, proposer=proposer,
-                        sampling=Sampling(args.temperature, params.evaluate.top_k, params.evaluate.top_p),
+                        sampling=SamplingConfig(temperature=args.temperature, top_k=params.evaluate.top_k,
+                                                top_p=params.evaluate.top_p),
                         eos_token_id=tokenizer.eos_token_id, generator=torch.Generator().manual_seed(args.seed))
     console.print(render(tokenizer, generation))
     console.print("[bold green]green[/] = accepted draft tokens; plain = verifier's correction/bonus token")
@@ -67,7 +67,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline generate", __doc__.splitlines()[0])
     parser.add_argument("--prompt", required=True, help="text to continue")
-    parser.add_argument("--drafter", choices=["ar", "block"], default="ar")
+    parser.add_argument("--drafter", choices=DRAFTER_NAMES, default=DRAFTER_NAMES[0])
     parser.add_argument("--temperature", type=temperature_arg, default=0.0, help="0 = greedy; at most 5")
     parser.add_argument("--max-new-tokens", type=positive_int_arg, default=64)
     parser.add_argument("--seed", type=int, default=0)

@@ -1,4 +1,4 @@
-"""Artifacts -> decoding objects: the verifier, the test prompts, and a proposer per drafter kind."""
+"""Artifacts -> decoding objects: the verifier, the test prompts, and each drafter on its backend."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config import EvaluateConfig, VerifierConfig
+from pipeline.drafters.kind import LoadedDrafter
+from pipeline.drafters.registry import KINDS
 from pipeline.errors import DraftlineError
-from pipeline.integrity import check_drafter_matches_verifier
-from pipeline.lineage import trained_draft_tokens
+from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer, require_checkpoint
 from pipeline.paths import ArtifactPaths
-from serve_eval.decoding import ARProposer, BlockProposer, Proposer
-from serve_eval.drafters import BlockDrafter, TorchARDrafter, load_ar_model, load_block_model, require_drafter_dir
 
 
 def decoding_device() -> torch.device:
@@ -46,42 +45,17 @@ def load_test_prompts(paths: ArtifactPaths, per_domain: int, vocab_size: int | N
 
 def check_drafter(directory: Path, verifier: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kind: str) -> None:
     """Before any weights load: same tokenizer, vocabulary and head widths as the verifier, intact files."""
-    from data_prep.verifier import check_same_tokenizer
-
-    require_drafter_dir(directory, kind)
+    require_checkpoint(directory, kind)
     what, fix = f"drafter '{kind}' at {directory}", f"retrain it (`dvc repro train_{kind}`)"
     check_drafter_matches_verifier(directory, verifier.config, what, fix)
     check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(directory), what)
 
 
-def onnx_backend():
-    """`serve_eval.onnx_backend`, imported only when evaluate.backend is 'onnx'."""
-    try:
-        from serve_eval import onnx_backend
-    except ImportError as error:
-        raise DraftlineError(f"the ONNX Runtime backend is unavailable ({error}); set evaluate.backend: torch") from None
-    return onnx_backend
-
-
-def load_proposers(paths: ArtifactPaths, config: EvaluateConfig, verifier: PreTrainedModel,
-                   tokenizer: PreTrainedTokenizerBase) -> dict[str, tuple[Proposer, str, PreTrainedModel | None]]:
-    """kind -> (proposer, backend name, torch AR model for the HF peer baseline or None)."""
-    dtype = verifier.dtype
-    proposers: dict[str, tuple[Proposer, str, PreTrainedModel | None]] = {}
-    for kind in config.drafters:
-        directory = paths.drafter(kind)
-        check_drafter(directory, verifier, tokenizer, kind)
-        if kind == "ar":
-            model = load_ar_model(directory, dtype).to(verifier.device)
-            backend = (onnx_backend().load_onnx_ar_drafter(paths.export(kind)) if config.backend == "onnx"
-                       else TorchARDrafter(model))
-            draft_tokens = trained_draft_tokens(directory)
-            if not draft_tokens:
-                raise DraftlineError(f"{directory}/training.json records no draft_tokens; retrain it (`dvc repro train_ar`)")
-            proposers[kind] = (ARProposer(backend, draft_tokens), backend.name, model)
-        else:
-            model = load_block_model(directory, dtype).to(verifier.device)
-            drafter = (onnx_backend().load_onnx_block_drafter(paths.export(kind), config.denoise_steps)
-                       if config.backend == "onnx" else BlockDrafter(model, verifier, config.denoise_steps))
-            proposers[kind] = (BlockProposer(drafter), config.backend, None)
-    return proposers
+def load_drafters(paths: ArtifactPaths, config: EvaluateConfig, verifier: PreTrainedModel,
+                  tokenizer: PreTrainedTokenizerBase) -> dict[str, LoadedDrafter]:
+    """Each drafter of `config.drafters`, checked against the verifier, on `config.backend`."""
+    loaded = {}
+    for name in config.drafters:
+        check_drafter(paths.drafter(name), verifier, tokenizer, name)
+        loaded[name] = KINDS[name].load(paths.drafter(name), verifier, config, paths.export(name))
+    return loaded

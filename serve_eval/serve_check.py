@@ -99,15 +99,15 @@ def draftline_runs(params: Params, paths: ArtifactPaths, kinds: list[str],
                    prompts: dict[str, list[list[int]]]) -> dict[str, dict[str, list]]:
     """kind -> domain -> draftline's greedy Generation per prompt (no EOS stop, as vLLM runs with ignore_eos)."""
     from serve_eval.decoding import decode
-    from serve_eval.loading import load_proposers, load_verifier_for_decoding
+    from serve_eval.loading import load_drafters, load_verifier_for_decoding
 
     verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
     evaluate = params.evaluate.model_copy(update={"drafters": kinds, "backend": "torch"})
-    proposers = load_proposers(paths, evaluate, verifier, tokenizer)
+    drafters = load_drafters(paths, evaluate, verifier, tokenizer)
     runs: dict[str, dict[str, list]] = {}
-    for kind, (proposer, _, _) in proposers.items():
+    for kind, drafter in drafters.items():
         info(f"serve_check: draftline decoding with the {kind} drafter")
-        runs[kind] = {domain: [decode(verifier, ids, params.serve_check.max_new_tokens, proposer=proposer)
+        runs[kind] = {domain: [decode(verifier, ids, params.serve_check.max_new_tokens, proposer=drafter.proposer)
                                for ids in domain_prompts]
                       for domain, domain_prompts in prompts.items()}
     return runs

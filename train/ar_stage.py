@@ -12,16 +12,16 @@ from typing import Sequence
 
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params
+from pipeline.drafters.ar.model import build_drafter, check_same_vocabulary
 from train.ar_data import ARDataModule
 from train.ar_lit import ARDistillModule, evaluate_agreement
-from train.ar_model import build_ar_drafter, check_same_vocabulary
 from train.distill import DrafterRecipe, distill
 
 
 def ar_recipe(params: Params, verifier, tokenizer, corpus) -> DrafterRecipe:
     cfg, tcfg = params.train.ar, params.train.ar.trainer
     draft_tokens = cfg.draft_tokens
-    drafter = build_ar_drafter(cfg, verifier, tokenizer, seed=params.project.seed)
+    drafter = build_drafter(verifier, cfg, tokenizer, seed=params.project.seed)
     check_same_vocabulary(drafter, verifier, "AR drafter")
     data = ARDataModule(
         corpus, pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len, batch_size=tcfg.batch_size,

@@ -23,11 +23,11 @@ from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params
+from pipeline.drafters.ar.model import build_drafter
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import print_summary
 from train.ar_data import ARDataModule
 from train.ar_lit import ARDistillModule
-from train.ar_model import build_ar_drafter
 from train.trainer import build_trainer
 
 STRATEGIES = ("auto", "deepspeed_stage_2")
@@ -65,7 +65,7 @@ def measure(params: Params, strategy: str, steps: int, warmup: int) -> float:
     })
     paths = ArtifactPaths.from_params(params)
     verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
-    drafter = build_ar_drafter(cfg, verifier, tokenizer, seed=params.project.seed)
+    drafter = build_drafter(verifier, cfg, tokenizer, seed=params.project.seed)
     data = ARDataModule(load_corpus(paths), pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len,
                         batch_size=tcfg.batch_size, seed=params.project.seed)
     meter = ThroughputMeter(warmup)

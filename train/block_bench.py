@@ -20,15 +20,15 @@ import torch
 from datasets import DatasetDict
 
 from data_prep.corpus import load_corpus
-from data_prep.verifier import load_verifier, mask_token_id
+from data_prep.verifier import load_verifier
 from pipeline.atomic import write_json_atomic
 from pipeline.config import BlockDrafterConfig, Params
+from pipeline.drafters.block.model import build_drafter, build_target_layer_ids, verifier_parts
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 from train.block_data import BlockDataModule
-from train.block_lit import BlockDistillModule, build_block_drafter, evaluate_blocks
-from train.block_model import build_target_layer_ids, verifier_parts
+from train.block_lit import BlockDistillModule, evaluate_blocks
 from train.frozen import FrozenVerifier
 from train.trainer import build_trainer
 
@@ -94,7 +94,7 @@ def train_variant(params: Params, cfg: BlockDrafterConfig, corpus: DatasetDict, 
         "strategy": "auto", "devices": 1, "num_nodes": 1, "accelerator": "cpu", "max_steps": steps,
         "val_every_n_steps": 10 * steps, "checkpoint_every_n_steps": 10 * steps,
     })
-    drafter = build_block_drafter(verifier, cfg, mask_token_id(tokenizer), seed)
+    drafter = build_drafter(verifier, cfg, tokenizer, seed)
     if not variant.norm_from_verifier:
         with torch.no_grad():
             drafter.norm.weight.fill_(1.0)

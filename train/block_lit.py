@@ -3,7 +3,7 @@
 Every step: one frozen verifier forward (hidden states for the context features, logits for the
 labels and the agreement metric), the anchors (every response position by default), and one drafter
 forward over all blocks of every sequence with the block attention mask
-(train/block_model.py: `training_attention_mask`). Labels are the verifier's own predictions (its
+(pipeline/drafters/block/model.py: `block_attention_mask`). Labels are the verifier's own predictions (its
 argmax, or its distribution for `fkl`), not the sampled corpus tokens, unless `loss.labels: corpus`.
 
 Acceptance proxy: block position k "matches" when the drafter's top-1 equals the verifier's top-1 for
@@ -24,64 +24,13 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from pipeline.config import BlockDrafterConfig, TrainerConfig
-from pipeline.errors import DraftlineError
+from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
+from pipeline.drafters.block.model import DFlashDraftModel, verifier_parts
+from serve_eval.decoding import decode
 from train.block_data import BlockBatches, block_targets, sample_anchors
-from train.block_model import DFlashConfig, DFlashDraftModel, build_target_layer_ids, position_weights, verifier_parts
 from train.frozen import FrozenVerifier
-from train.losses import block_loss
+from train.losses import block_loss, position_weights
 from train.trainer import AcceptanceTally, DrafterModule, simulated_acceptance_length
-
-
-def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: int | None) -> DFlashConfig:
-    """The DFlash config for `verifier` from params: width, vocabulary and RoPE base follow the verifier."""
-    text = verifier.config.get_text_config()
-    _, _, depth, hidden = verifier_parts(verifier)
-    if cfg.mask == "token" and mask_token_id is None:
-        raise DraftlineError("train.block.mask is 'token' but the verifier's tokenizer has no mask token; "
-                             "set train.block.mask to 'auto' or 'learned'")
-    mask_mode = "learned" if cfg.mask == "learned" or mask_token_id is None else "token"
-    layer_ids = cfg.target_layer_ids or build_target_layer_ids(depth, cfg.num_target_layers)
-    if any(not 0 <= layer_id < depth for layer_id in layer_ids):
-        raise DraftlineError(f"train.block.target_layer_ids {layer_ids} out of range for a {depth}-layer verifier; "
-                             f"use ids in 0..{depth - 1} or null for the default spread")
-    heads = cfg.num_heads or int(text.num_attention_heads)
-    kv_heads = cfg.num_kv_heads or int(getattr(text, "num_key_value_heads", None) or heads)
-    if heads % kv_heads:
-        raise DraftlineError(f"train.block.num_heads ({heads}) must be a multiple of num_kv_heads ({kv_heads})")
-    verifier_head_dim = getattr(text, "head_dim", None) or hidden // int(text.num_attention_heads)
-    head_dim = int(verifier_head_dim) if cfg.num_heads is None else hidden // heads
-    rope = getattr(text, "rope_parameters", None) or {}
-    return DFlashConfig(
-        hidden_size=hidden,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=cfg.intermediate_size or int(text.intermediate_size),
-        rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
-        rope_theta=float(rope.get("rope_theta", getattr(text, "rope_theta", 10_000.0))),
-        max_position_embeddings=int(getattr(text, "max_position_embeddings", 4096)),
-        vocab_size=int(text.vocab_size),
-        block_size=cfg.block_size,
-        num_target_layers=depth,
-        dflash_config={"mask_token_id": mask_token_id if mask_mode == "token" else None, "target_layer_ids": layer_ids},
-        mask_mode=mask_mode,
-        eos_token_id=getattr(text, "eos_token_id", None),
-        pad_token_id=getattr(text, "pad_token_id", None),
-    )
-
-
-def build_block_drafter(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: int | None, seed: int) -> DFlashDraftModel:
-    """A fresh drafter whose final norm starts as the verifier's: its output feeds the verifier's frozen
-    LM head, which was trained on exactly that norm's scale."""
-    torch.manual_seed(seed)
-    drafter = DFlashDraftModel(drafter_config(verifier, cfg, mask_token_id))
-    final_norm = getattr(verifier.get_decoder(), "norm", None)
-    weight = getattr(final_norm, "weight", None)
-    if weight is not None and weight.shape == drafter.norm.weight.shape:
-        with torch.no_grad():
-            drafter.norm.weight.copy_(weight)
-    return drafter
 
 
 def anchor_generator(*key: int) -> torch.Generator:
@@ -185,9 +134,6 @@ def decode_acceptance(
     `decode_acceptance` is per position: the share of drafted blocks accepting at least k tokens;
     `draft_ms_per_block` the drafter's wall time per drafted block (context update included).
     """
-    from serve_eval.decoding import BlockProposer, decode  # serving loop; imported late (serve_eval loads train)
-    from serve_eval.drafters import BlockDrafter
-
     was_training = drafter.training
     drafter.eval()
     proposer = BlockProposer(BlockDrafter(drafter, verifier, denoise_steps))

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from data_prep.verifier import mask_token_id
 from pipeline.atomic import save_figure_atomic, write_text_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params
+from pipeline.drafters.block.model import build_drafter
 from pipeline.paths import ArtifactPaths
 from train.block_data import BlockDataModule
-from train.block_lit import BlockDistillModule, build_block_drafter, evaluate_blocks
+from train.block_lit import BlockDistillModule, evaluate_blocks
 from train.distill import DrafterRecipe, distill
 
 
@@ -27,7 +27,7 @@ def block_recipe(params: Params, verifier, tokenizer, corpus, modules: list | No
     """The block drafter's recipe; the Lightning module it makes is appended to `modules` when given
     (the stage reads its validation history back for the τ-vs-steps plot)."""
     cfg, tcfg, seed = params.train.block, params.train.block.trainer, params.project.seed
-    drafter = build_block_drafter(verifier, cfg, mask_token_id(tokenizer), seed)
+    drafter = build_drafter(verifier, cfg, tokenizer, seed)
     data = BlockDataModule(
         corpus, pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len, batch_size=tcfg.batch_size,
         seed=seed, num_workers=tcfg.num_workers,

@@ -134,3 +134,18 @@ def block_loss(
         terms["fkl"] = position_weighted_mean(kl, valid, weights)
     total = sum(getattr(cfg, name) * value for name, value in terms.items())
     return total, terms
+
+
+def default_gamma(block_size: int) -> float:
+    """Decay of the position weights: 4 at B=8, 5 at B=10, 7 at B=16 (DFlash), piecewise linear beyond."""
+    if block_size <= 10:
+        return max(1.0, 4.0 + 0.5 * (block_size - 8))
+    return 5.0 + (block_size - 10) / 3.0
+
+
+def position_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
+    """w_k = exp(−(k−1)/γ) for block positions k = 1..B−1, normalised to sum 1."""
+    gamma = default_gamma(block_size) if gamma is None else gamma
+    k = torch.arange(1, block_size, dtype=torch.float32)
+    weights = torch.exp(-(k - 1) / gamma)
+    return weights / weights.sum()

@@ -8,20 +8,18 @@ import sys
 from typing import Sequence
 
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
-
-STAGE_MODULES = {"ar": "train.ar_stage", "block": "train.block_stage"}
+from pipeline.config import DRAFTER_NAMES, Params
+from pipeline.drafters.registry import KINDS
 
 
 def run(params: Params, args: argparse.Namespace) -> object:
-    # Imported lazily: each drafter's stage pulls in only its own model code.
-    module = importlib.import_module(STAGE_MODULES[args.drafter])
+    module = importlib.import_module(KINDS[args.drafter].train_stage)
     return module.run(params, args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline train", "distill a drafter from the verifier on the corpus")
-    parser.add_argument("--drafter", choices=sorted(STAGE_MODULES), required=True, help="which drafter to train")
+    parser.add_argument("--drafter", choices=DRAFTER_NAMES, required=True, help="which drafter to train")
     return run_stage(parser, run, argv)
 
 

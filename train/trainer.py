@@ -20,9 +20,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
 
 from pipeline.atomic import atomic_dir, write_json_atomic
-from pipeline.config import Params, TrainerConfig
+from pipeline.config import DrafterName, Params, TrainerConfig
 from pipeline.lineage import read_json
-from pipeline.paths import DrafterKind
 from pipeline.progress import info
 from pipeline.tracking import sqlite_artifact_root, tracking_uri
 from train.strategies import make_strategy, uses_gpu
@@ -197,7 +196,7 @@ class DrafterModule(LightningModule):
 TAG_CHECKPOINTS = "draftline.checkpoint_dir"
 
 
-def make_mlflow_logger(params: Params, kind: DrafterKind, checkpoint_dir: Path) -> MLFlowLogger:
+def make_mlflow_logger(params: Params, kind: DrafterName, checkpoint_dir: Path) -> MLFlowLogger:
     """The run is tagged with its checkpoint dir: runs left RUNNING there by a killed process are
     marked KILLED when training starts again (the dir is single-writer, so none can still be alive)."""
     checkpoints = str(Path(checkpoint_dir).resolve())

@@ -15,16 +15,23 @@ normalised by `hidden_norm`); only the block goes through `input_layernorm`.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers import initialization as init
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
+
+from pipeline.config import BlockDrafterConfig
+from pipeline.errors import DraftlineError
+from pipeline.integrity import mask_token_id as tokenizer_mask_id
+from pipeline.integrity import require_checkpoint
 
 MASK_MODES = ("token", "learned")
 
@@ -277,6 +284,31 @@ class DFlashDraftModel(PreTrainedModel):
             hidden = layer(hidden, positions, kv, mask)
         return self.norm(hidden)
 
+    def block_logits(
+        self,
+        context_kv: list[tuple[Tensor, Tensor]],
+        context_positions: Tensor,
+        context_valid: Tensor | None,
+        block_ids: Tensor,
+        masked: Tensor,
+        anchor_positions: Tensor,
+        embed_tokens: nn.Module,
+        lm_head: nn.Module,
+    ) -> Tensor:
+        """The one DFlash pass that training, drafting and the ONNX graph all run.
+
+        Blocks (B, N, L) start with their anchor at anchor_positions (B, N); `masked` positions get the
+        mask embedding. Context keys/values per layer (B, H_kv, T, head_dim) sit at context_positions
+        (B, T), `context_valid` (B, T) or None. Returns logits (B, N, L−1, V) for block positions 1..L−1.
+        """
+        batch, n_blocks, size = block_ids.shape
+        offsets = torch.arange(size, device=block_ids.device)
+        positions = (anchor_positions[..., None] + offsets).reshape(batch, n_blocks * size)
+        embeds = self.embed_block(block_ids, masked, embed_tokens).reshape(batch, n_blocks * size, -1)
+        mask = block_attention_mask(context_positions, context_valid, anchor_positions, size)
+        hidden = self.run_layers(embeds, positions, context_kv, mask).view(batch, n_blocks, size, -1)
+        return lm_head(hidden[:, :, 1:])
+
     def forward(
         self,
         context_features: Tensor,
@@ -286,25 +318,18 @@ class DFlashDraftModel(PreTrainedModel):
         embed_tokens: nn.Module,
         lm_head: nn.Module,
     ) -> Tensor:
-        """Training-time forward of all blocks of each sequence in one pass.
+        """Training: all blocks of each sequence in one pass over features (B, T, D) at positions 0..T−1.
 
-        context_features (B, T, D) at positions 0..T−1 with `context_valid` (B, T); block_ids (B, N, L)
-        (the anchor at index 0, the rest is masked); anchor_positions (B, N). Block j sees the context
-        at positions < anchor_positions[j] and all of its own block, nothing of other blocks.
-        Returns logits (B, N, L−1, V) for block positions 1..L−1.
+        block_ids (B, N, L) (the anchor at index 0, the rest is masked); anchor_positions (B, N). Block j
+        sees the valid context at positions < anchor_positions[j] and all of its own block, nothing of
+        other blocks. Returns logits (B, N, L−1, V).
         """
-        batch, n_blocks, size = block_ids.shape
-        total = context_features.shape[1]
-        offsets = torch.arange(size, device=block_ids.device)
+        batch, total = context_features.shape[:2]
         context_positions = torch.arange(total, device=block_ids.device).expand(batch, total)
-        block_positions = (anchor_positions[..., None] + offsets).reshape(batch, n_blocks * size)
-        masked = (offsets > 0).expand_as(block_ids)
-        embeds = self.embed_block(block_ids, masked, embed_tokens).reshape(batch, n_blocks * size, -1)
-        mask = training_attention_mask(anchor_positions, context_valid, size)
         context_kv = self.context_key_values(context_features, context_positions)
-        hidden = self.run_layers(embeds, block_positions, context_kv, mask)
-        hidden = hidden.view(batch, n_blocks, size, -1)[:, :, 1:]
-        return lm_head(hidden.reshape(-1, hidden.shape[-1])).view(batch, n_blocks, size - 1, -1)
+        masked = (torch.arange(block_ids.shape[-1], device=block_ids.device) > 0).expand_as(block_ids)
+        return self.block_logits(context_kv, context_positions, context_valid.bool(), block_ids, masked,
+                                 anchor_positions, embed_tokens, lm_head)
 
     @torch.no_grad()
     def draft_block(
@@ -326,42 +351,45 @@ class DFlashDraftModel(PreTrainedModel):
             raise ValueError("draft_block needs a context: call extend_context first")
         if denoise_steps < 1:
             raise ValueError(f"denoise_steps must be >= 1, got {denoise_steps}")
-        batch, size = anchor_ids.shape[0], self.block_size
-        offsets = torch.arange(size, device=anchor_ids.device)
-        positions = anchor_positions[:, None] + offsets
-        visible_context = cache.positions < anchor_positions[:, None]
-        mask = torch.cat([visible_context, torch.ones(batch, size, dtype=torch.bool, device=anchor_ids.device)], 1)
-        mask = mask[:, None, None, :].expand(batch, 1, size, mask.shape[1])
+        size = self.block_size
+        block_ids, masked = anchor_blocks(anchor_ids[:, None], size)
+        block_ids, masked = block_ids.clone(), masked.clone()
         context_kv = list(zip(cache.keys, cache.values))
-
-        block_ids = anchor_ids[:, None].repeat(1, size)
-        masked = (offsets > 0).expand(batch, size).clone()
+        passes = min(denoise_steps, size - 1)
         final_logits: Tensor | None = None
-        for step in range(min(denoise_steps, size - 1)):
-            embeds = self.embed_block(block_ids, masked, embed_tokens)
-            logits = lm_head(self.run_layers(embeds, positions, context_kv, mask))[:, 1:]
+        for step in range(passes):
+            logits = self.block_logits(context_kv, cache.positions, None, block_ids, masked, anchor_positions[:, None],
+                                       embed_tokens, lm_head)[:, 0]
+            still_masked = masked[:, 0, 1:]
             if final_logits is None:
                 final_logits = logits.clone()
-            still_masked = masked[:, 1:]
             final_logits[still_masked] = logits[still_masked]
-            remaining = int(still_masked[0].sum())
-            commit = math.ceil(remaining / (min(denoise_steps, size - 1) - step))
+            commit = math.ceil(int(still_masked[0].sum()) / (passes - step))
             confidence = logits.float().softmax(-1).amax(-1).masked_fill(~still_masked, -1.0)
             chosen = confidence.topk(commit, dim=-1).indices
-            block_ids[:, 1:].scatter_(1, chosen, logits.argmax(-1).gather(1, chosen))
-            masked[:, 1:].scatter_(1, chosen, False)
+            block_ids[:, 0, 1:].scatter_(1, chosen, logits.argmax(-1).gather(1, chosen))
+            masked[:, 0, 1:].scatter_(1, chosen, False)
         return final_logits.argmax(-1), final_logits
 
 
-def training_attention_mask(anchor_positions: Tensor, context_valid: Tensor, block_size: int) -> Tensor:
+def anchor_blocks(anchor_ids: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
+    """Fresh blocks `[anchor, MASK × (L−1)]` for anchors (B, N): ids (B, N, L) and the masked flags (B, N, L)."""
+    shape = (*anchor_ids.shape, block_size)
+    offsets = torch.arange(block_size, device=anchor_ids.device)
+    return anchor_ids[..., None].expand(shape), (offsets > 0).expand(shape)
+
+
+def block_attention_mask(context_positions: Tensor, context_valid: Tensor | None, anchor_positions: Tensor,
+                         block_size: int) -> Tensor:
     """(B, 1, N·L, T + N·L) bool: block j sees valid context at positions < its anchor, and only itself.
 
-    Gated by absolute anchor position (not block index), so overlapping or unsorted anchors stay exact.
+    Gated by absolute anchor position (not block index), so overlapping or unsorted anchors stay exact,
+    and a context cache holding more than the committed prefix cannot leak into a draft.
     """
     batch, n_blocks = anchor_positions.shape
-    total = context_valid.shape[1]
-    context_positions = torch.arange(total, device=anchor_positions.device)
-    to_context = (context_positions[None, None, :] < anchor_positions[..., None]) & context_valid[:, None, :].bool()
+    to_context = context_positions[:, None, :] < anchor_positions[..., None]  # (B, N, T)
+    if context_valid is not None:
+        to_context = to_context & context_valid[:, None, :]
     to_context = to_context.repeat_interleave(block_size, dim=1)  # (B, N·L, T)
     block_of = torch.arange(n_blocks, device=anchor_positions.device).repeat_interleave(block_size)
     to_blocks = (block_of[:, None] == block_of[None, :]).expand(batch, -1, -1)
@@ -379,20 +407,69 @@ def verifier_parts(verifier: nn.Module) -> tuple[nn.Module, nn.Module, int, int]
     )
 
 
+def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, tokenizer: PreTrainedTokenizerBase) -> DFlashConfig:
+    """The DFlash config for `verifier` from params: width, vocabulary and RoPE base follow the verifier."""
+    text = verifier.config.get_text_config()
+    _, _, depth, hidden = verifier_parts(verifier)
+    mask_token_id = tokenizer_mask_id(tokenizer)
+    if cfg.mask == "token" and mask_token_id is None:
+        raise DraftlineError("train.block.mask is 'token' but the verifier's tokenizer has no mask token; "
+                             "set train.block.mask to 'auto' or 'learned'")
+    mask_mode = "learned" if cfg.mask == "learned" or mask_token_id is None else "token"
+    layer_ids = cfg.target_layer_ids or build_target_layer_ids(depth, cfg.num_target_layers)
+    if any(not 0 <= layer_id < depth for layer_id in layer_ids):
+        raise DraftlineError(f"train.block.target_layer_ids {layer_ids} out of range for a {depth}-layer verifier; "
+                             f"use ids in 0..{depth - 1} or null for the default spread")
+    heads = cfg.num_heads or int(text.num_attention_heads)
+    kv_heads = cfg.num_kv_heads or int(getattr(text, "num_key_value_heads", None) or heads)
+    if heads % kv_heads:
+        raise DraftlineError(f"train.block.num_heads ({heads}) must be a multiple of num_kv_heads ({kv_heads})")
+    verifier_head_dim = getattr(text, "head_dim", None) or hidden // int(text.num_attention_heads)
+    head_dim = int(verifier_head_dim) if cfg.num_heads is None else hidden // heads
+    rope = getattr(text, "rope_parameters", None) or {}
+    return DFlashConfig(
+        hidden_size=hidden,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=cfg.intermediate_size or int(text.intermediate_size),
+        rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta", getattr(text, "rope_theta", 10_000.0))),
+        max_position_embeddings=int(getattr(text, "max_position_embeddings", 4096)),
+        vocab_size=int(text.vocab_size),
+        block_size=cfg.block_size,
+        num_target_layers=depth,
+        dflash_config={"mask_token_id": mask_token_id if mask_mode == "token" else None, "target_layer_ids": layer_ids},
+        mask_mode=mask_mode,
+        eos_token_id=getattr(text, "eos_token_id", None),
+        pad_token_id=getattr(text, "pad_token_id", None),
+    )
+
+
+def build_drafter(verifier: nn.Module, cfg: BlockDrafterConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0,
+                  ) -> DFlashDraftModel:
+    """A fresh drafter whose final norm starts as the verifier's: its output feeds the verifier's frozen
+    LM head, which was trained on exactly that norm's scale."""
+    torch.manual_seed(seed)
+    drafter = DFlashDraftModel(drafter_config(verifier, cfg, tokenizer))
+    final_norm = getattr(verifier.get_decoder(), "norm", None)
+    weight = getattr(final_norm, "weight", None)
+    if weight is not None and weight.shape == drafter.norm.weight.shape:
+        with torch.no_grad():
+            drafter.norm.weight.copy_(weight)
+    return drafter
+
+
+def load_drafter(path: Path, dtype: torch.dtype = torch.float32) -> DFlashDraftModel:
+    """A trained (or served) block drafter, frozen, for decoding and export."""
+    require_checkpoint(path, "block")
+    architectures = json.loads((path / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    if "DFlashDraftModel" not in architectures:
+        raise DraftlineError(f"{path}/config.json is not a DFlash drafter (architectures={architectures}); "
+                             "re-run `dvc repro train_block`")
+    return DFlashDraftModel.from_pretrained(path, dtype=dtype).eval().requires_grad_(False)
+
+
 AutoConfig.register(DFlashConfig.model_type, DFlashConfig, exist_ok=True)
 AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)
-
-
-def default_gamma(block_size: int) -> float:
-    """Decay of the position weights: 4 at B=8, 5 at B=10, 7 at B=16 (DFlash), piecewise linear beyond."""
-    if block_size <= 10:
-        return max(1.0, 4.0 + 0.5 * (block_size - 8))
-    return 5.0 + (block_size - 10) / 3.0
-
-
-def position_weights(block_size: int, gamma: float | None = None) -> Tensor:
-    """w_k = exp(−(k−1)/γ) for block positions k = 1..B−1, normalised to sum 1."""
-    gamma = default_gamma(block_size) if gamma is None else gamma
-    k = torch.arange(1, block_size, dtype=torch.float32)
-    weights = torch.exp(-(k - 1) / gamma)
-    return weights / weights.sum()

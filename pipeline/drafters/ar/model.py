@@ -1,10 +1,12 @@
-"""The AR drafter: a small standard Qwen3/Llama causal LM on the verifier's tokenizer.
+"""The AR drafter's model: a small standard Qwen3/Llama causal LM on the verifier's tokenizer.
 
 Being a plain HF model is the point: vLLM, SGLang and TensorRT-LLM load it as a draft model as is.
 Drafts are verified id by id, so a drafter whose vocabulary differs from the verifier's is refused.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 from transformers import (
@@ -18,14 +20,14 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from data_prep.verifier import check_same_tokenizer
 from pipeline.config import ARDrafterConfig
 from pipeline.errors import DraftlineError
+from pipeline.integrity import check_same_tokenizer, require_checkpoint
 
 _ARCHITECTURES = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
 
-def drafter_config(cfg: ARDrafterConfig, verifier: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+def drafter_config(verifier: PreTrainedModel, cfg: ARDrafterConfig, tokenizer: PreTrainedTokenizerBase):
     """Shape from params; vocabulary, positions, RoPE and special ids from the verifier."""
     vc = verifier.config
     hidden = cfg.hidden_size or vc.hidden_size
@@ -49,15 +51,15 @@ def drafter_config(cfg: ARDrafterConfig, verifier: PreTrainedModel, tokenizer: P
     )
 
 
-def build_ar_drafter(
-    cfg: ARDrafterConfig, verifier: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed: int = 0
+def build_drafter(
+    verifier: PreTrainedModel, cfg: ARDrafterConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0
 ) -> PreTrainedModel:
     """A fresh drafter (init `verifier`/`scratch`) or one loaded from `init_path` (init `pretrained`)."""
     if cfg.init == "pretrained":
         return load_pretrained_drafter(cfg.init_path, verifier, tokenizer)
     torch.manual_seed(seed)
     _, model_class = _ARCHITECTURES[cfg.architecture]
-    drafter = model_class(drafter_config(cfg, verifier, tokenizer))
+    drafter = model_class(drafter_config(verifier, cfg, tokenizer))
     if cfg.init == "verifier":
         copy_verifier_embeddings(drafter, verifier)
     return drafter
@@ -102,3 +104,9 @@ def check_same_vocabulary(drafter: PreTrainedModel, verifier: PreTrainedModel, w
             f"{what}: vocabulary size {ours} differs from the verifier's {theirs}; "
             "use a drafter built on the verifier's tokenizer"
         )
+
+
+def load_drafter(path: Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A trained (or exported) AR drafter, frozen, for decoding and export."""
+    require_checkpoint(path, "ar")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval().requires_grad_(False)

@@ -1,0 +1,1 @@
+"""The autoregressive drafter (kind `ar`)."""

@@ -1,0 +1,149 @@
+"""The AR drafter in the decoding loop: backends with their own KV cache, and its proposer.
+
+`ARDraftBackend` is the interface every AR backend implements: PyTorch over a transformers
+`DynamicCache` (`TorchARDrafter`) or ONNX Runtime over the exported graph with its flat cache
+(`OnnxARDrafter`). The proposer only feeds tokens, reads last-position logits and crops the cache
+after a rejection.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from pipeline.config import SamplingConfig
+from pipeline.drafters.ar import onnx
+from pipeline.drafters.onnx_io import IOSpec, empty_kv, read_export
+from pipeline.kv_cache import crop_cache
+from pipeline.sampling import sample, warp_probs
+
+
+@runtime_checkable
+class ARDraftBackend(Protocol):
+    """An autoregressive drafter with its own KV cache, batch size 1."""
+
+    name: str  # "torch", "onnx", ...
+
+    @property
+    def cache_length(self) -> int:
+        """Number of tokens whose keys/values are cached."""
+
+    def reset(self) -> None:
+        """Drop the cache (start of a new prompt)."""
+
+    def forward(self, token_ids: list[int]) -> torch.Tensor:
+        """Append `token_ids` (n >= 1) at positions cache_length.. and return the last position's
+        logits as a float32 (V,) tensor."""
+
+    def crop(self, length: int) -> None:
+        """Keep only the first `length` cached tokens (length <= cache_length)."""
+
+
+class TorchARDrafter:
+    """`ARDraftBackend` over an HF causal LM with a transformers `DynamicCache`."""
+
+    name = "torch"
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int]) -> torch.Tensor:
+        input_ids = torch.tensor([token_ids], device=self.model.device)
+        out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()
+
+    def crop(self, length: int) -> None:
+        crop_cache(self.cache, length)
+
+
+class OnnxARDrafter:
+    """`ARDraftBackend` over an exported AR drafter; the cache is the list of `present_*` arrays."""
+
+    name = "onnx"
+
+    def __init__(self, session: ort.InferenceSession, spec: IOSpec):
+        self.session = session
+        self.spec = spec
+        self.cache: list[np.ndarray] = []
+        self.reset()
+
+    @property
+    def cache_length(self) -> int:
+        return int(self.cache[0].shape[2])
+
+    def reset(self) -> None:
+        self.cache = empty_kv(self.spec, 1)
+
+    def forward(self, token_ids: list[int]) -> torch.Tensor:
+        named = onnx.feeds(self.spec, np.asarray([token_ids]), self.cache)
+        outputs = dict(zip(self.spec.output_names, self.session.run(self.spec.output_names, named)))
+        self.cache = [outputs[name] for name in self.spec.kv_output_names]
+        return torch.from_numpy(np.ascontiguousarray(outputs["logits"][0, -1])).float()
+
+    def crop(self, length: int) -> None:
+        if length > self.cache_length:
+            raise ValueError(f"cannot crop a cache of {self.cache_length} tokens to {length}")
+        self.cache = [c[:, :, :length] for c in self.cache]
+
+
+def load_onnx_drafter(export_dir: Path, providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> OnnxARDrafter:
+    return OnnxARDrafter(*read_export(export_dir, "ar", providers))
+
+
+class ARProposer:
+    """k tokens from an AR drafter; its cache is synced to the committed tokens by common prefix."""
+
+    uses_hidden_states = False
+
+    def __init__(self, backend: ARDraftBackend, draft_tokens: int):
+        self.backend = backend
+        self.draft_tokens = draft_tokens
+        self.cached: list[int] = []  # the token ids whose keys/values the backend holds
+
+    def reset(self) -> None:
+        self.backend.reset()
+        self.cached = []
+
+    def sync(self, tokens: list[int]) -> None:
+        keep = 0
+        limit = min(len(self.cached), len(tokens) - 1)  # the last token is always fed, for its logits
+        while keep < limit and self.cached[keep] == tokens[keep]:
+            keep += 1
+        self.backend.crop(keep)
+        del self.cached[keep:]
+
+    def propose(self, tokens: list[int], k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+        self.sync(tokens)
+        pending = tokens[len(self.cached):]
+        drafts: list[int] = []
+        probs: list[torch.Tensor] = []
+        for _ in range(k):
+            logits = self.backend.forward(pending)
+            self.cached.extend(pending)
+            if sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                q = warp_probs(logits, sampling)
+                token = sample(q, generator)
+                probs.append(q)
+            drafts.append(token)
+            pending = [token]
+        return drafts, (torch.stack(probs) if probs else None)
+
+    def observe(self, hidden_states, first_position, count) -> None:
+        """Never called (`uses_hidden_states` is False): the AR drafter keeps its own cache."""

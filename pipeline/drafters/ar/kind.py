@@ -1,0 +1,23 @@
+"""The AR drafter kind: a small causal LM that drafts k tokens one by one with its own KV cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import PreTrainedModel
+
+from pipeline.config import EvaluateConfig
+from pipeline.drafters.ar import onnx, serving
+from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter, load_onnx_drafter
+from pipeline.drafters.ar.model import load_drafter
+from pipeline.drafters.kind import DrafterKind, LoadedDrafter
+
+
+def load(drafter_dir: Path, verifier: PreTrainedModel, config: EvaluateConfig, export_dir: Path) -> LoadedDrafter:
+    model = load_drafter(drafter_dir, verifier.dtype).to(verifier.device)
+    backend = load_onnx_drafter(export_dir) if config.backend == "onnx" else TorchARDrafter(model)
+    return LoadedDrafter(ARProposer(backend, serving.draft_tokens(drafter_dir)), backend.name, model)
+
+
+AR = DrafterKind(name="ar", train_stage="train.ar_stage", serving_layout=serving.serving_layout,
+                 launch=serving.launch, export_onnx=onnx.export, opt_feeds=onnx.opt_feeds, load=load)

@@ -1,0 +1,100 @@
+"""The AR drafter as serving stacks load it: a plain HF Qwen3/Llama causal LM draft model.
+
+vLLM (`method: draft_model`), SGLang (`STANDALONE`) and TensorRT-LLM (`DraftTarget`) read it as an
+ordinary causal LM with the verifier's tokenizer; k comes from `train.ar.draft_tokens` as trained.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.drafters.kind import Launch
+from pipeline.drafters.served import (
+    check_plain_autoconfig,
+    layer_weights,
+    read_config,
+    require_keys,
+    require_rope_theta,
+    require_tokenizer,
+    require_weights,
+    weight_names,
+)
+from pipeline.errors import DraftlineError
+from pipeline.lineage import trained_draft_tokens
+
+CONFIG_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps")
+
+
+def serving_layout(directory: Path) -> dict:
+    """The copied checkpoint as draft-model loaders read it (nothing to rewrite). Returns the config."""
+    config = read_config(directory)
+    require_keys(directory, config, CONFIG_KEYS)
+    require_rope_theta(directory, config)
+    names = weight_names(directory)
+    required = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not config.get("tie_word_embeddings", False):
+        required.append("lm_head.weight")
+    required += layer_weights("model.layers.", int(config["num_hidden_layers"]), config["model_type"] == "qwen3")
+    require_weights(directory, names, required)
+    require_tokenizer(directory)
+    check_plain_autoconfig(directory, str(config["model_type"]))
+    return config
+
+
+def draft_tokens(drafter_dir: Path) -> int:
+    """k as trained (recorded in the drafter's training.json)."""
+    k = trained_draft_tokens(drafter_dir)
+    if not k:
+        raise DraftlineError(f"{drafter_dir}/training.json records no draft_tokens; retrain it (`dvc repro train_ar`)")
+    return k
+
+
+def launch(served_config: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launch:
+    k = draft_tokens(drafter_dir)
+    speculative = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
+    markdown = f"""# Serving the AR drafter
+
+Draft model: `{draft}` (a plain HF causal LM with the verifier's tokenizer).
+Target (verifier): `{verifier}`. Draft tokens per step k = {k} (`train.ar.draft_tokens`, as trained).
+
+## vLLM
+
+Run by stage `serve_check` with exactly this speculative config (`vllm.json`; results in
+`metrics/serving.json`).
+
+```bash
+vllm serve {verifier} \\
+  --speculative-config '{json.dumps(speculative)}'
+```
+
+## SGLang (standalone draft model)
+
+Checked against SGLang's loader code only, not run here.
+
+```bash
+python -m sglang.launch_server --model-path {verifier} \\
+  --speculative-algorithm STANDALONE \\
+  --speculative-draft-model-path {draft} \\
+  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}
+```
+
+## TensorRT-LLM (DraftTarget)
+
+Checked against TensorRT-LLM's config classes only, not run here.
+
+`spec.yaml`:
+
+```yaml
+speculative_config:
+  decoding_type: DraftTarget
+  max_draft_len: {k}
+  speculative_model: {draft}
+```
+
+```bash
+trtllm-serve {verifier} --config spec.yaml   # older releases: --extra_llm_api_options spec.yaml
+```
+"""
+    return Launch(markdown, speculative)

@@ -1,0 +1,1 @@
+"""The DFlash-style block-diffusion drafter (kind `block`)."""

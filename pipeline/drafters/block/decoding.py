@@ -1,0 +1,132 @@
+"""The block drafter in the decoding loop: the DFlash drafter with its context cache (PyTorch or ONNX
+Runtime) and its proposer, which drafts block_size − 1 tokens per verifier step in one pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from transformers import PreTrainedModel
+
+from pipeline.drafters.block import onnx
+from pipeline.drafters.block.model import DFlashDraftModel, load_drafter
+from pipeline.drafters.onnx_io import IOSpec, read_export
+from pipeline.errors import DraftlineError
+
+
+class BlockDrafter:
+    """A `DFlashDraftModel` bound to the verifier's frozen embedding and LM head, with its context cache.
+
+    The context cache holds projected verifier features of every committed position before the
+    anchor, so its length always equals the verifier's KV-cache length.
+    """
+
+    def __init__(self, model: DFlashDraftModel, verifier: PreTrainedModel, denoise_steps: int = 1):
+        self.model = model
+        self.embed_tokens = verifier.get_input_embeddings()
+        self.lm_head = verifier.get_output_embeddings()
+        self.denoise_steps = denoise_steps
+        self.block_size = int(model.config.block_size)
+        self.context_length = 0
+        self.cache = model.new_context_cache()
+
+    def reset(self) -> None:
+        self.cache = self.model.new_context_cache()
+        self.context_length = 0
+
+    @torch.inference_mode()
+    def extend(self, hidden_states: tuple[torch.Tensor, ...], first_position: int, count: int) -> None:
+        """Append the features of the first `count` positions of a verifier forward that started at
+        absolute position `first_position` (which must equal the current context length)."""
+        if count == 0:
+            return
+        assert first_position == self.context_length, "context features must stay contiguous"
+        features = self.model.fuse_target_hidden(tuple(h[:, :count] for h in hidden_states))
+        positions = torch.arange(first_position, first_position + count, device=features.device)[None]
+        self.model.extend_context(self.cache, features, positions)
+        self.context_length += count
+
+    @torch.inference_mode()
+    def draft(self, anchor_id: int, anchor_position: int) -> list[int]:
+        device = self.embed_tokens.weight.device
+        ids, _ = self.model.draft_block(self.cache, torch.tensor([anchor_id], device=device),
+                                        torch.tensor([anchor_position], device=device), self.embed_tokens,
+                                        self.lm_head, denoise_steps=self.denoise_steps)
+        return ids[0].tolist()
+
+
+class OnnxBlockDrafter:
+    """The DFlash drafter on ONNX Runtime, interchangeable with `BlockDrafter` in `BlockProposer`.
+
+    `extend` fuses the verifier's hidden states with the drafter's `fc`/`hidden_norm` (PyTorch, one
+    matmul) and holds them until the next `draft`, which appends them to the cached context K/V in
+    the same ONNX call that drafts the block.
+    """
+
+    def __init__(self, session: ort.InferenceSession, spec: IOSpec, fuser: DFlashDraftModel):
+        self.session = session
+        self.spec = spec
+        self.fuser = fuser
+        self.block_size = int(fuser.config.block_size)
+        self.reset()
+
+    def reset(self) -> None:
+        self.positions, self.cache = onnx.empty_context(self.spec, 1)
+        self.pending: list[np.ndarray] = []
+        self.context_length = 0
+
+    @torch.inference_mode()
+    def extend(self, hidden_states: tuple[torch.Tensor, ...], first_position: int, count: int) -> None:
+        if count == 0:
+            return
+        assert first_position == self.context_length, "context features must stay contiguous"
+        features = self.fuser.fuse_target_hidden(tuple(h[:, :count] for h in hidden_states))
+        self.pending.append(features.float().cpu().numpy())
+        self.context_length += count
+
+    def draft(self, anchor_id: int, anchor_position: int) -> list[int]:
+        if not self.pending:
+            raise ValueError("the ONNX block drafter needs new context features before each draft")
+        features = np.concatenate(self.pending, axis=1)
+        start = int(self.positions.shape[1])
+        positions = np.arange(start, start + features.shape[1], dtype=np.int64)[None]
+        assert positions[0, -1] + 1 == anchor_position, "the anchor follows the committed context"
+        named = onnx.feeds(self.spec, features, positions, [anchor_id], self.positions, self.cache)
+        outputs = dict(zip(self.spec.output_names, self.session.run(self.spec.output_names, named)))
+        self.positions = outputs["present_context_positions"]
+        self.cache = [outputs[name] for name in self.spec.kv_output_names]
+        self.pending = []
+        return outputs["logits"][0].argmax(-1).tolist()
+
+
+def load_onnx_drafter(export_dir: Path, denoise_steps: int = 1,
+                      providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> OnnxBlockDrafter:
+    if denoise_steps != 1:
+        raise DraftlineError(f"the ONNX block drafter runs one DFlash pass per block; set evaluate.denoise_steps: 1 "
+                             f"(got {denoise_steps}) or evaluate.backend: torch")
+    session, spec = read_export(export_dir, "block", providers)
+    # the fusing projection (fc, hidden_norm) runs in PyTorch from the served checkpoint
+    return OnnxBlockDrafter(session, spec, load_drafter(Path(export_dir) / "serving"))
+
+
+class BlockProposer:
+    """B−1 tokens in one DFlash drafter pass from cached verifier features (argmax, so q is one-hot)."""
+
+    uses_hidden_states = True
+
+    def __init__(self, drafter: BlockDrafter | OnnxBlockDrafter):
+        self.drafter = drafter
+        self.draft_tokens = drafter.block_size - 1
+
+    def reset(self) -> None:
+        self.drafter.reset()
+
+    def propose(self, tokens, k, sampling, generator):
+        if self.drafter.context_length == 0 or k == 0:
+            return [], None  # the prefill forward has no features to draft from yet
+        return self.drafter.draft(tokens[-1], len(tokens) - 1)[:k], None
+
+    def observe(self, hidden_states, first_position, count) -> None:
+        self.drafter.extend(hidden_states, first_position, count)

@@ -1,0 +1,218 @@
+"""The block drafter as an ONNX graph: one DFlash pass with a flat context cache, and its parity checks.
+
+`(anchor_ids, anchor_positions, context_features, context_positions, past_context_positions,
+past_context_key.0, past_context_value.0, ...) -> (logits (B, block_size−1, V),
+present_context_positions, present_context_key.0, ...)`: the newly committed positions' fused
+features are projected and appended to the cached context K/V, then `[anchor, MASK...]` is drafted
+by `DFlashDraftModel.block_logits` (the same pass training and `draft_block` run) with the verifier's
+embedding table and LM head inside the graph. One pass per block (denoise_steps 1, the DFlash
+default): the data-dependent unmasking loop does not export.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from torch import nn
+
+from pipeline.config import ProfileConfig
+from pipeline.drafters.block.model import DFlashDraftModel, anchor_blocks, load_drafter
+from pipeline.drafters.kind import OnnxExport, OnnxJob
+from pipeline.drafters.onnx_io import (
+    BATCH,
+    PAST,
+    SEQ,
+    TOTAL,
+    IOSpec,
+    ParityReport,
+    TensorSpec,
+    empty_kv,
+    export_onnx,
+    kv_names,
+    kv_tensors,
+    ort_session,
+    random_kv,
+    run_session,
+)
+
+
+def io_spec(model: DFlashDraftModel, vocab_size: int, dtype: str = "float32") -> IOSpec:
+    config = model.config
+    layers, kv_heads, head_dim = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+    inputs = [
+        TensorSpec("anchor_ids", "int64", (BATCH,)),
+        TensorSpec("anchor_positions", "int64", (BATCH,)),
+        TensorSpec("context_features", dtype, (BATCH, SEQ, config.hidden_size)),
+        TensorSpec("context_positions", "int64", (BATCH, SEQ)),
+        TensorSpec("past_context_positions", "int64", (BATCH, PAST)),
+        *kv_tensors(kv_names(layers, "past_context"), dtype, kv_heads, PAST, head_dim),
+    ]
+    outputs = [
+        TensorSpec("logits", dtype, (BATCH, int(config.block_size) - 1, vocab_size)),
+        TensorSpec("present_context_positions", "int64", (BATCH, TOTAL)),
+        *kv_tensors(kv_names(layers, "present_context"), dtype, kv_heads, TOTAL, head_dim),
+    ]
+    sizes = {"block_size": int(config.block_size), "hidden_size": config.hidden_size, "vocab_size": vocab_size,
+             "num_layers": layers, "num_key_value_heads": kv_heads, "head_dim": head_dim}
+    return IOSpec(tuple(inputs), tuple(outputs), sizes)
+
+
+class BlockDraftWrapper(nn.Module):
+    def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module):
+        super().__init__()
+        self.model = model
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+
+    def forward(self, anchor_ids, anchor_positions, context_features, context_positions, past_context_positions,
+                *past: torch.Tensor):
+        new = self.model.context_key_values(context_features, context_positions)
+        keys = [torch.cat([past[2 * i], k], dim=2) for i, (k, _) in enumerate(new)]
+        values = [torch.cat([past[2 * i + 1], v], dim=2) for i, (_, v) in enumerate(new)]
+        positions_cached = torch.cat([past_context_positions, context_positions], dim=1)
+        block_ids, masked = anchor_blocks(anchor_ids[:, None], self.model.block_size)
+        logits = self.model.block_logits(list(zip(keys, values)), positions_cached, None, block_ids, masked,
+                                         anchor_positions[:, None], self.embed_tokens, self.lm_head)[:, 0]
+        present: list[torch.Tensor] = []
+        for key, value in zip(keys, values):
+            present += [key, value]
+        return (logits, positions_cached, *present)
+
+
+@dataclass
+class BlockReference:
+    """PyTorch side of the parity: the real `draft_block` over a real context cache."""
+
+    model: DFlashDraftModel
+    embed_tokens: nn.Module
+    lm_head: nn.Module
+
+    def __post_init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = self.model.new_context_cache()
+
+    def step(self, features: torch.Tensor, positions: torch.Tensor, anchor_ids: torch.Tensor) -> list[np.ndarray]:
+        """Outputs in the graph's order after committing `features` at `positions` and drafting after them."""
+        with torch.no_grad():
+            self.model.extend_context(self.cache, features, positions)
+            _, logits = self.model.draft_block(self.cache, anchor_ids, positions[:, -1] + 1, self.embed_tokens,
+                                               self.lm_head, denoise_steps=1)
+        flat = [logits, self.cache.positions]
+        for key, value in zip(self.cache.keys, self.cache.values):
+            flat += [key, value]
+        return [t.float().numpy() if t.is_floating_point() else t.numpy() for t in flat]
+
+
+def feeds(spec: IOSpec, features, positions, anchor_ids, past_positions, past: Sequence) -> dict[str, np.ndarray]:
+    """Named inputs: commit `features` at `positions` after the cached context, draft after the last one."""
+    positions = np.asarray(positions, dtype=np.int64)
+    named = {
+        "anchor_ids": np.asarray(anchor_ids, dtype=np.int64),
+        "anchor_positions": positions[:, -1] + 1,
+        "context_features": np.asarray(features, dtype=np.float32),
+        "context_positions": positions,
+        "past_context_positions": np.asarray(past_positions, dtype=np.int64),
+    }
+    named.update(zip(spec.kv_input_names, (np.asarray(t, dtype=np.float32) for t in past)))
+    return named
+
+
+def empty_context(spec: IOSpec, batch: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    return np.zeros((batch, 0), dtype=np.int64), empty_kv(spec, batch)
+
+
+def random_feeds(spec: IOSpec, batch: int, cached: int, new: int, generator: torch.Generator) -> dict[str, np.ndarray]:
+    """Random features and context K/V for `cached` past + `new` positions; the anchor follows them."""
+    features = torch.randn(batch, new, spec.sizes["hidden_size"], generator=generator)
+    positions = (torch.arange(new) + cached).expand(batch, new)
+    anchors = torch.randint(0, spec.sizes["vocab_size"], (batch,), generator=generator)
+    past_positions = torch.arange(cached).expand(batch, cached)
+    return feeds(spec, features, positions, anchors, past_positions,
+                 list(random_kv(spec, batch, cached, generator).values()))
+
+
+def _chunks(total: int, steps: int, prefill: int) -> list[tuple[int, int]]:
+    """Context growth of a decoding replay: a prefill, then 1-2 committed positions per step, while
+    a next token remains to serve as the anchor."""
+    spans, start, end = [], 0, min(prefill, total - 1)
+    while end <= total - 1 and len(spans) < steps + 1:
+        spans.append((start, end))
+        start, end = end, end + 1 + len(spans) % 2
+    return spans
+
+
+def parity(reference: BlockReference, session: ort.InferenceSession, spec: IOSpec,
+           texts: Sequence[tuple[torch.Tensor, Sequence[int]]], steps: int, atol: float, rtol: float,
+           seed: int = 0) -> ParityReport:
+    """`texts`: (fused verifier features (1, T, D), the T token ids they came from) per corpus text.
+
+    Random cases draft once after a random context; decoding replays each text, growing the context
+    by 1-3 committed positions per step and feeding ONNX Runtime its own `present_context_*` back,
+    the way the DFlash loop grows its context cache. Anchor = the token right after the context.
+    """
+    report = ParityReport(atol, rtol)
+    generator = torch.Generator().manual_seed(seed)
+    vocab, hidden = spec.sizes["vocab_size"], spec.sizes["hidden_size"]
+    for batch, cached, new in ((1, 0, 1), (2, 6, 3), (3, 17, 1)):
+        reference.reset()
+        past_positions, past = empty_context(spec, batch)
+        if cached:
+            positions = torch.arange(cached).expand(batch, cached)
+            outputs = reference.step(torch.randn(batch, cached, hidden, generator=generator), positions,
+                                     torch.zeros(batch, dtype=torch.long))
+            past_positions, past = outputs[1], outputs[2:]
+        features = torch.randn(batch, new, hidden, generator=generator)
+        positions = (torch.arange(new) + cached).expand(batch, new)
+        anchors = torch.randint(0, vocab, (batch,), generator=generator)
+        expected = reference.step(features, positions, anchors)
+        got = run_session(session, spec, feeds(spec, features, positions, anchors, past_positions, past))
+        report.add(f"random b{batch} past{cached} new{new}", spec.output_names, expected, got)
+    agree = total = 0
+    for index, (features, token_ids) in enumerate(texts):
+        reference.reset()
+        past_positions, past = empty_context(spec, 1)
+        for step, (start, end) in enumerate(_chunks(len(token_ids), steps, max(1, len(token_ids) // 4))):
+            if end <= start:
+                continue
+            chunk, positions = features[:, start:end], torch.arange(start, end)[None]
+            anchors = torch.tensor([token_ids[end]])
+            expected = reference.step(chunk, positions, anchors)
+            got = run_session(session, spec, feeds(spec, chunk, positions, anchors, past_positions, past))
+            report.add(f"text {index} {'prefill' if step == 0 else f'step {step}'}", spec.output_names, expected, got)
+            agree += int((expected[0].argmax(-1) == got[0].argmax(-1)).all())
+            total += 1
+            past_positions, past = got[1], got[2:]
+    report.decode = {"texts": len(texts), "steps": steps, "block_argmax_agreement": agree / max(1, total)}
+    return report
+
+
+def export(job: OnnxJob) -> OnnxExport:
+    """The trained drafter (its own config: the served one names model_type qwen3 for the serving
+    stacks) with the verifier's embedding and LM head to ONNX, checked against `draft_block`."""
+    model = load_drafter(job.drafter_dir).float()
+    embed, lm_head = job.verifier.get_input_embeddings(), job.verifier.get_output_embeddings()
+    spec = io_spec(model, job.verifier.config.get_text_config().vocab_size)
+    wrapper = BlockDraftWrapper(model, embed, lm_head).eval()
+    example = random_feeds(spec, 2, 5, 3, torch.Generator().manual_seed(job.seed))
+    path = export_onnx(wrapper, spec, example, job.out, job.config.opset, job.config.exporter)
+    contexts = []
+    with torch.no_grad():
+        for prompt, response in job.texts:
+            ids = prompt + response
+            hidden = job.verifier(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+            contexts.append((model.fuse_target_hidden(hidden), ids))
+    report = parity(BlockReference(model, embed, lm_head), ort_session(path), spec, contexts,
+                    job.config.parity_steps, job.config.atol, job.config.rtol, job.seed)
+    return OnnxExport(wrapper, spec, path, report)
+
+
+def opt_feeds(spec: IOSpec, profile: ProfileConfig, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    batch, new, cached = max(1, profile.batch[1]), max(1, profile.seq[1]), max(1, profile.past[1])
+    return {name: torch.as_tensor(value) for name, value in random_feeds(spec, batch, cached, new, generator).items()}

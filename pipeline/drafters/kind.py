@@ -1,0 +1,84 @@
+"""The interface every drafter kind implements (`pipeline/drafters/<kind>/kind.py`), and what the
+stages exchange with it. Stages iterate over kinds through `pipeline.drafters.registry`; nothing
+outside a kind's package branches on its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from pipeline.config import EvaluateConfig, ExportConfig, ProfileConfig, SamplingConfig
+from pipeline.drafters.onnx_io import IOSpec, ParityReport
+
+
+class Proposer(Protocol):
+    """A drafter as the decoding loop (`serve_eval.decoding.decode`) drives it, batch size 1."""
+
+    uses_hidden_states: bool  # wants the verifier's hidden states of committed positions (`observe`)
+    draft_tokens: int  # drafts per verifier step
+
+    def reset(self) -> None: ...
+
+    def propose(self, tokens: list[int], k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+        """Up to k draft tokens after `tokens`, and their proposal probabilities (k, V) (None: one-hot)."""
+
+    def observe(self, hidden_states: tuple[torch.Tensor, ...], first_position: int, count: int) -> None:
+        """Verifier features of `count` newly committed positions starting at `first_position`."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    markdown: str  # launch.md: vLLM / SGLang / TensorRT-LLM commands with the real paths
+    speculative_config: dict  # vLLM's --speculative-config, which serve_check runs verbatim
+
+
+@dataclass(frozen=True)
+class OnnxJob:
+    """What a kind needs to export its ONNX graph and check it against PyTorch."""
+
+    drafter_dir: Path  # the trained checkpoint
+    serving_dir: Path  # the served copy (the AR drafter exports from it, as serving stacks load it)
+    out: Path  # the export directory being written
+    config: ExportConfig
+    seed: int
+    texts: list[tuple[list[int], list[int]]]  # (prompt ids, response ids) of corpus test rows
+    verifier: PreTrainedModel
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    wrapper: nn.Module  # the exported module (TensorRT re-exports it at reduced precision)
+    spec: IOSpec
+    path: Path
+    parity: ParityReport
+
+
+@dataclass(frozen=True)
+class LoadedDrafter:
+    proposer: Proposer
+    backend: str  # "torch" | "onnx"
+    peer_model: PreTrainedModel | None  # a torch causal LM for HF assisted generation, when the kind has one
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """One drafter kind: what each stage calls. A new kind is a package with these plus a registry line."""
+
+    name: str  # "ar", "block": artifacts/drafters/<name>, stage train_<name>
+    train_stage: str  # the training stage's module (`draftline train --drafter <name>`)
+    # (serving_dir) -> served config: turn the copied checkpoint into what serving stacks load, check it
+    serving_layout: Callable[[Path], dict]
+    # (served config, verifier as serving stacks name it, served draft dir, trained drafter dir)
+    launch: Callable[[dict, str, Path, Path], Launch]
+    export_onnx: Callable[[OnnxJob], OnnxExport]
+    # (spec, TensorRT profile, seed) -> random inputs at the profile's opt shapes
+    opt_feeds: Callable[[IOSpec, ProfileConfig, int], dict[str, torch.Tensor]]
+    # (drafter dir, verifier, evaluate config, export dir) -> the drafter on config.backend, ready for decode
+    load: Callable[[Path, PreTrainedModel, EvaluateConfig, Path], LoadedDrafter]

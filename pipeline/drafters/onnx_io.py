@@ -1,0 +1,273 @@
+"""The ONNX contract shared by every drafter kind: named tensors, export, ONNX Runtime, parity.
+
+Serving runtimes (ONNX Runtime, TensorRT) know nothing about transformers' cache objects, so each
+kind exports a thin wrapper with flat, named tensors (`pipeline/drafters/<kind>/onnx.py`); caches are
+one key and one value tensor per layer, flagged `kv` in the spec. An `IOSpec` declares them once: it
+drives the dynamic axes of the export, the parity inputs, the TensorRT profiles and the manifest, and
+the ONNX backends read it back from the manifest, so no code addresses inputs by position.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from torch import nn
+
+from pipeline.errors import DraftlineError
+from pipeline.integrity import verify_manifest
+
+ONNX_NAME = "model.onnx"
+EXTERNAL_DATA_NAME = "model.onnx.data"
+MANIFEST_NAME = "manifest.json"
+Exporter = Literal["dynamo", "torchscript"]
+
+# Dynamic axis names. Their TensorRT min/opt/max come from params.export.profile (see tensorrt_build).
+# For the block drafter, seq = newly committed context positions and past = cached context positions.
+BATCH, SEQ, PAST, TOTAL = "batch", "seq", "past", "past_plus_seq"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name, e.g. "float32", "int64"
+    shape: tuple[int | str, ...]  # ints are static, strings name a dynamic axis
+    kv: bool = False  # one layer's cached keys or values: fed back from the matching output next call
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """Inputs in the wrapper's positional order: the named inputs first, then the `kv` ones (its *past)."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    sizes: dict[str, int] = field(default_factory=dict)  # static model numbers, for the manifest
+
+    def __post_init__(self):
+        flags = [tensor.kv for tensor in self.inputs]
+        if flags != sorted(flags):
+            raise ValueError("kv inputs must come after the named inputs (they are the wrapper's *past)")
+
+    @property
+    def input_names(self) -> list[str]:
+        return [spec.name for spec in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [spec.name for spec in self.outputs]
+
+    @property
+    def kv_input_names(self) -> list[str]:
+        return [spec.name for spec in self.inputs if spec.kv]
+
+    @property
+    def kv_output_names(self) -> list[str]:
+        return [spec.name for spec in self.outputs if spec.kv]
+
+    def to_json(self) -> dict:
+        def one(spec: TensorSpec) -> dict:
+            return {"name": spec.name, "dtype": spec.dtype, "shape": list(spec.shape), "kv": spec.kv}
+
+        return {"inputs": [one(s) for s in self.inputs], "outputs": [one(s) for s in self.outputs],
+                "sizes": dict(self.sizes)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "IOSpec":
+        def one(item: dict) -> TensorSpec:
+            return TensorSpec(item["name"], item["dtype"], tuple(item["shape"]), bool(item.get("kv", False)))
+
+        return cls(tuple(one(i) for i in data["inputs"]), tuple(one(o) for o in data["outputs"]),
+                   {k: int(v) for k, v in data.get("sizes", {}).items()})
+
+
+def kv_names(num_layers: int, prefix: str) -> list[str]:
+    """`{prefix}_key.0, {prefix}_value.0, {prefix}_key.1, ...`: the flat cache layout of every wrapper."""
+    return [f"{prefix}_{kind}.{layer}" for layer in range(num_layers) for kind in ("key", "value")]
+
+
+def kv_tensors(names: list[str], dtype: str, heads: int, length: str, head_dim: int) -> list[TensorSpec]:
+    return [TensorSpec(name, dtype, (BATCH, heads, length, head_dim), kv=True) for name in names]
+
+
+def with_float_dtype(spec: IOSpec, dtype: str) -> IOSpec:
+    """The same contract with every floating tensor in `dtype` (a reduced-precision graph)."""
+    def cast(tensors):
+        return tuple(TensorSpec(t.name, dtype if t.dtype.startswith(("float", "bfloat")) else t.dtype, t.shape, t.kv)
+                     for t in tensors)
+
+    return IOSpec(cast(spec.inputs), cast(spec.outputs), spec.sizes)
+
+
+def empty_kv(spec: IOSpec, batch: int) -> list[np.ndarray]:
+    """A zero-length cache for every kv input (the first call of a decode)."""
+    return [np.zeros((batch, spec.sizes["num_key_value_heads"], 0, spec.sizes["head_dim"]), dtype=np.float32)
+            for _ in spec.kv_input_names]
+
+
+def random_kv(spec: IOSpec, batch: int, length: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    heads, head_dim = spec.sizes["num_key_value_heads"], spec.sizes["head_dim"]
+    return {name: torch.randn(batch, heads, length, head_dim, generator=generator) for name in spec.kv_input_names}
+
+
+# --------------------------------------------------------------------------- export
+
+
+def _dynamic_axes(spec: IOSpec) -> dict[str, dict[int, str]]:
+    axes = {}
+    for tensor in (*spec.inputs, *spec.outputs):
+        dynamic = {i: dim for i, dim in enumerate(tensor.shape) if isinstance(dim, str)}
+        if dynamic:
+            axes[tensor.name] = dynamic
+    return axes
+
+
+def _dynamic_shapes(spec: IOSpec) -> tuple:
+    """torch.export dims per input, in positional order; the kv inputs (the wrapper's *past) form one tuple."""
+    dims: dict[str, torch.export.Dim] = {}
+
+    def for_tensor(tensor: TensorSpec) -> dict[int, torch.export.Dim]:
+        return {i: dims.setdefault(dim, torch.export.Dim(dim, min=0))
+                for i, dim in enumerate(tensor.shape) if isinstance(dim, str)}
+
+    named = [for_tensor(tensor) for tensor in spec.inputs if not tensor.kv]
+    return (*named, tuple(for_tensor(tensor) for tensor in spec.inputs if tensor.kv))
+
+
+def export_onnx(wrapper: nn.Module, spec: IOSpec, example: dict, out_dir: Path,
+                opset: int, exporter: Exporter = "dynamo") -> Path:
+    """Export `wrapper` to `out_dir/model.onnx` (+ `model.onnx.data`), then run `onnx.checker`."""
+    args = tuple(torch.as_tensor(example[name]) for name in spec.input_names)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".onnx.") as tmp:
+        raw = Path(tmp) / "raw.onnx"
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # tracer / deprecation chatter, not actionable for users
+            try:
+                if exporter == "dynamo":
+                    torch.onnx.export(wrapper, args, str(raw), input_names=spec.input_names,
+                                      output_names=spec.output_names, opset_version=opset,
+                                      dynamic_shapes=_dynamic_shapes(spec), dynamo=True,
+                                      verbose=False)
+                else:
+                    torch.onnx.export(wrapper, args, str(raw), input_names=spec.input_names,
+                                      output_names=spec.output_names, opset_version=opset,
+                                      dynamic_axes=_dynamic_axes(spec), dynamo=False)
+            except Exception as error:  # the exporters raise many types; the first line is the useful part
+                first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                other = "torchscript" if exporter == "dynamo" else "dynamo"
+                raise DraftlineError(f"ONNX export ({exporter}) failed: {first}; "
+                                     f"try export.exporter: {other} in params.yaml") from None
+        model = onnx.load(str(raw))
+        path = out_dir / ONNX_NAME
+        (out_dir / EXTERNAL_DATA_NAME).unlink(missing_ok=True)
+        # weights go to one external file (same layout for tiny and >2 GB models); small
+        # constants stay inline because shape inference in onnx.checker must read them
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=EXTERNAL_DATA_NAME, size_threshold=1024)
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except onnx.checker.ValidationError as error:
+        raise DraftlineError(f"{path} fails onnx.checker ({str(error).splitlines()[0]}); "
+                             "this is an exporter bug: try the other export.exporter (dynamo/torchscript)") from None
+    return path
+
+
+# --------------------------------------------------------------------------- ONNX Runtime
+
+
+def ort_session(path: Path, providers: Sequence[str] = ("CPUExecutionProvider",)) -> ort.InferenceSession:
+    """The one way draftline opens an ONNX model (export parity checks and the ONNX decoding backends)."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # ORT's graph-optimisation warnings are noise for a parity check
+    return ort.InferenceSession(str(path), options, providers=list(providers))
+
+
+def read_export(export_dir: Path, kind: str, providers: Sequence[str] = ("CPUExecutionProvider",),
+                ) -> tuple[ort.InferenceSession, IOSpec]:
+    """The verified export of `kind` under `export_dir`: an ONNX Runtime session and its I/O contract."""
+    export_dir = Path(export_dir)
+    hint = f"run `dvc repro export` (or `draftline export`) with '{kind}' in export.kinds"
+    manifest_path, model_path = export_dir / MANIFEST_NAME, export_dir / ONNX_NAME
+    if not manifest_path.is_file() or not model_path.is_file():
+        raise DraftlineError(f"no exported {kind} drafter at {export_dir} (manifest.json/model.onnx missing); {hint}")
+    verify_manifest(export_dir)
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    if manifest.get("kind") != kind:
+        raise DraftlineError(f"{export_dir} holds a '{manifest.get('kind')}' export, not the {kind} drafter; {hint}")
+    return ort_session(model_path, providers), IOSpec.from_json(manifest["onnx"])
+
+
+# --------------------------------------------------------------------------- parity
+
+
+def error_stats(reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float) -> dict:
+    """max |a-b|, max |a-b|/|b| over elements where |b| > atol, and the np.allclose verdict."""
+    reference = reference.astype(np.float64)
+    diff = np.abs(candidate.astype(np.float64) - reference)
+    scale = np.abs(reference)
+    significant = scale > atol
+    max_rel = float((diff[significant] / scale[significant]).max()) if significant.any() else 0.0
+    return {
+        "max_abs": float(diff.max()) if diff.size else 0.0,
+        "max_rel": max_rel,
+        "passed": bool(np.all(diff <= atol + rtol * scale)),
+    }
+
+
+@dataclass
+class ParityReport:
+    atol: float
+    rtol: float
+    outputs: dict[str, dict] = field(default_factory=dict)  # worst case per output name
+    cases: list[dict] = field(default_factory=list)
+    decode: dict = field(default_factory=dict)
+
+    def add(self, case: str, names: Sequence[str], reference: Sequence[np.ndarray],
+            candidate: Sequence[np.ndarray]) -> None:
+        case_stats = {"case": case, "max_abs": 0.0, "max_rel": 0.0, "passed": True}
+        for name, ref, got in zip(names, reference, candidate):
+            if ref.shape != got.shape:
+                stats = {"max_abs": float("inf"), "max_rel": float("inf"), "passed": False}
+            else:
+                stats = error_stats(ref, got, self.atol, self.rtol)
+            worst = self.outputs.setdefault(name, {"max_abs": 0.0, "max_rel": 0.0, "passed": True})
+            worst["max_abs"] = max(worst["max_abs"], stats["max_abs"])
+            worst["max_rel"] = max(worst["max_rel"], stats["max_rel"])
+            worst["passed"] = worst["passed"] and stats["passed"]
+            case_stats["max_abs"] = max(case_stats["max_abs"], stats["max_abs"])
+            case_stats["max_rel"] = max(case_stats["max_rel"], stats["max_rel"])
+            case_stats["passed"] = case_stats["passed"] and stats["passed"]
+        self.cases.append(case_stats)
+
+    @property
+    def passed(self) -> bool:
+        return all(case["passed"] for case in self.cases)
+
+    def failures(self) -> list[str]:
+        return [f"{name} (max abs {s['max_abs']:.3g}, max rel {s['max_rel']:.3g})"
+                for name, s in self.outputs.items() if not s["passed"]]
+
+    def to_json(self) -> dict:
+        return {"atol": self.atol, "rtol": self.rtol, "passed": self.passed, "outputs": self.outputs,
+                "cases": self.cases, "decode": self.decode}
+
+
+def run_wrapper(wrapper: nn.Module, spec: IOSpec, feeds: dict) -> list[np.ndarray]:
+    """The PyTorch wrapper on named feeds (arrays or tensors), outputs as numpy in `spec.output_names` order."""
+    with torch.no_grad():
+        outputs = wrapper(*(torch.as_tensor(feeds[name]) for name in spec.input_names))
+    outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+    return [t.float().numpy() if t.is_floating_point() else t.numpy() for t in outputs]
+
+
+def run_session(session: ort.InferenceSession, spec: IOSpec, feeds: dict) -> list[np.ndarray]:
+    """ONNX Runtime on named feeds (arrays or CPU tensors), outputs in `spec.output_names` order."""
+    return session.run(spec.output_names, {name: np.asarray(feeds[name]) for name in spec.input_names})

@@ -1,0 +1,10 @@
+"""Every drafter kind by name. A new kind: its package under pipeline/drafters/ and one line here
+(and its name in `pipeline.config.DrafterName`)."""
+
+from __future__ import annotations
+
+from pipeline.drafters.ar.kind import AR
+from pipeline.drafters.block.kind import BLOCK
+from pipeline.drafters.kind import DrafterKind
+
+KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (AR, BLOCK)}

@@ -1,0 +1,77 @@
+"""Sampling and draft verification, the one place both live (DESIGN section 7).
+
+`warp_probs` is the distribution every sampler in draftline draws from (corpus generation, drafters,
+the verifier in speculative decoding), so p and q are always warped the same way. Verification runs
+over one sequence: `target_logits`/`target_probs` have one row more than the drafts (row i scores the
+token after draft i−1, the last row gives the bonus token). Acceptance is decided for all drafts at
+once (as gpt-fast does), with one host sync per verifier step instead of one per draft.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.config import SamplingConfig
+
+
+def warp_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (nucleus), then softmax, over the last dim (float32)."""
+    logits = logits.float() / sampling.temperature
+    if 0 < sampling.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # drop a token when the mass before it already reaches top_p (the top token always stays)
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= sampling.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def greedy_accept(draft_ids: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
+    """Longest prefix where draft == verifier argmax; returns (accepted, correction-or-bonus token)."""
+    target_ids = target_logits.argmax(-1)
+    drafts = torch.tensor(draft_ids, dtype=torch.long, device=target_ids.device)
+    mismatched = (drafts != target_ids[: len(draft_ids)]).long()
+    # cumsum == 0 exactly on the matching prefix
+    accepted = int((mismatched.cumsum(0) == 0).sum())
+    return accepted, int(target_ids[accepted])
+
+
+def rejection_accept(
+    draft_ids: list[int],
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    generator: torch.Generator | None = None,
+) -> tuple[int, int]:
+    """Leviathan/Chen speculative sampling; the committed tokens are distributed exactly as under p.
+
+    Accept draft x_i with probability min(1, p_i(x)/q_i(x)); on the first rejection sample from
+    norm(max(0, p_i - q_i)); after full acceptance sample the bonus token from p_{k+1}.
+    `draft_probs=None` means one-hot q (an argmax draft): accept with probability p_i(x) and resample
+    from p_i with x removed.
+    """
+    k = len(draft_ids)
+    uniforms = torch.rand(k, generator=generator).to(target_probs.device)
+    if k == 0:
+        return 0, sample(target_probs[0], generator)
+    drafts = torch.tensor(draft_ids, dtype=torch.long, device=target_probs.device)
+    if draft_probs is None:
+        draft_probs = torch.nn.functional.one_hot(drafts, target_probs.shape[-1]).to(target_probs.dtype)
+    p = target_probs[:k].gather(-1, drafts[:, None]).squeeze(-1)
+    q = draft_probs.gather(-1, drafts[:, None]).squeeze(-1)
+    accepted_each = (q > 0) & (uniforms * q < p)
+    rejected = (~accepted_each).nonzero()
+    if len(rejected) == 0:
+        return k, sample(target_probs[k], generator)
+    first = int(rejected[0])
+    residual = (target_probs[first] - draft_probs[first]).clamp_min(0.0)
+    mass = float(residual.sum())
+    # p <= q everywhere only when p == q up to rounding; then rejection had probability ~0 anyway
+    return first, sample(residual / mass if mass > 0 else target_probs[first], generator)
