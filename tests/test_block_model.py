@@ -10,17 +10,10 @@ import torch
 from safetensors import safe_open
 
 from pipeline.config import BlockDrafterConfig, BlockLossConfig
-from tests.tiny_models import tiny_qwen3
+from pipeline.drafters.block.model import DFlashDraftModel, build_target_layer_ids, drafter_config, verifier_parts
+from tests.tiny_models import tiny_qwen3, tiny_tokenizer
 from train.block_data import block_targets
-from train.block_lit import drafter_config
-from train.block_model import (
-    DFlashDraftModel,
-    build_target_layer_ids,
-    default_gamma,
-    position_weights,
-    verifier_parts,
-)
-from train.losses import block_loss
+from train.losses import block_loss, default_gamma, position_weights
 
 CE = BlockLossConfig(ce=1.0, fkl=0.0)
 
@@ -283,12 +276,12 @@ def test_block_loss_terms_are_position_weighted():
 
 
 def test_final_norm_starts_as_the_verifiers():
-    from train.block_lit import build_block_drafter
+    from pipeline.drafters.block.model import build_drafter
 
     verifier = tiny_qwen3(VOCAB, num_layers=4, seed=1)
     with torch.no_grad():
         verifier.model.norm.weight.uniform_(0.5, 1.5)
-    drafter = build_block_drafter(verifier, BlockDrafterConfig(block_size=BLOCK, num_layers=1), MASK_ID, seed=0)
+    drafter = build_drafter(verifier, BlockDrafterConfig(block_size=BLOCK, num_layers=1), tiny_tokenizer(VOCAB), seed=0)
     torch.testing.assert_close(drafter.norm.weight, verifier.model.norm.weight)
 
 

@@ -11,10 +11,10 @@ import yaml
 from safetensors import safe_open
 
 from pipeline.config import load_params, parse_params
+from pipeline.drafters.block.model import DFlashDraftModel
 from tests.test_train_ar import make_artifacts
 from train.block_data import sample_anchors
 from train.block_lit import anchor_generator
-from train.block_model import DFlashDraftModel
 
 BLOCK = 4
 

@@ -15,9 +15,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from data_prep import bench_verifier, bootstrap_verifier
 from data_prep.stdlib_text import collect_stdlib_texts
 from data_prep.tokenizer import EOS_TOKEN, MASK_TOKEN, PAD_TOKEN
-from data_prep.verifier import check_same_tokenizer, load_verifier, mask_token_id, verifier_identity
+from data_prep.verifier import load_verifier, verifier_identity
 from pipeline.config import load_params
 from pipeline.errors import DraftlineError
+from pipeline.integrity import check_same_tokenizer, mask_token_id
 from pipeline.paths import ArtifactPaths
 from tests.tiny_models import tiny_tokenizer
 

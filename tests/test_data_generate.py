@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from data_prep.generate import filter_logits, generate_batch
+from data_prep.generate import generate_batch
 from pipeline.config import SamplingConfig
 from tests.tiny_models import tiny_qwen3, tiny_tokenizer
 
@@ -67,8 +67,3 @@ def test_sampling_is_seeded_per_prompt_not_per_batch(model_and_prompts):
     assert top1 == greedy
 
 
-def test_filter_logits_keeps_top_k_and_the_nucleus():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    assert torch.isfinite(filter_logits(logits, top_k=2, top_p=1.0)).tolist() == [[True, True, False, False]]
-    assert torch.isfinite(filter_logits(logits, top_k=0, top_p=0.7)).tolist() == [[True, True, False, False]]
-    assert torch.isfinite(filter_logits(logits, top_k=0, top_p=0.1)).tolist() == [[True, False, False, False]]

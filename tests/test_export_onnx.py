@@ -45,7 +45,7 @@ def _ar_drafter(verifier, tokenizer, directory: Path) -> None:
 
 
 def _block_drafter(tokenizer, directory: Path) -> None:
-    from train.block_model import DFlashConfig, DFlashDraftModel
+    from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
 
     torch.manual_seed(2)
     config = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
@@ -134,13 +134,12 @@ def test_onnx_graph_has_dynamic_axes(exported):
 
 @pytest.mark.slow
 def test_onnx_backend_tau_equals_torch_at_t0(exported):
-    from serve_eval.decoding import ARProposer, decode
-    from serve_eval.drafters import TorchARDrafter
-    from serve_eval.onnx_backend import load_onnx_ar_drafter
+    from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter, load_onnx_drafter
+    from serve_eval.decoding import decode
 
     verifier = AutoModelForCausalLM.from_pretrained(exported / "verifier").eval()
     drafter = AutoModelForCausalLM.from_pretrained(exported / "drafters" / "ar").eval()
-    onnx_backend = load_onnx_ar_drafter(exported / "export" / "ar")
+    onnx_backend = load_onnx_drafter(exported / "export" / "ar")
     prompts = [[5, 17, 30, 41, 8], [100, 7, 64]]
     for prompt in prompts:
         torch_run = decode(verifier, prompt, 24, proposer=ARProposer(TorchARDrafter(drafter), 3))
@@ -152,28 +151,28 @@ def test_onnx_backend_tau_equals_torch_at_t0(exported):
 
 
 def test_onnx_backend_crop_and_missing_export(exported, tmp_path):
+    from pipeline.drafters.ar.decoding import load_onnx_drafter
     from pipeline.errors import DraftlineError
-    from serve_eval.onnx_backend import load_onnx_ar_drafter
 
-    backend = load_onnx_ar_drafter(exported / "export" / "ar")
+    backend = load_onnx_drafter(exported / "export" / "ar")
     full = backend.forward([3, 4, 5, 6])
     backend.crop(2)
     assert backend.cache_length == 2
     again = backend.forward([5, 6])
     np.testing.assert_allclose(again.numpy(), full.numpy(), atol=1e-5)
     with pytest.raises(DraftlineError, match="dvc repro export"):
-        load_onnx_ar_drafter(tmp_path)
+        load_onnx_drafter(tmp_path)
 
 
 @pytest.mark.slow
 def test_onnx_block_backend_matches_torch(exported):
-    from serve_eval.decoding import BlockProposer, decode
-    from serve_eval.drafters import BlockDrafter, load_block_model
-    from serve_eval.onnx_backend import load_onnx_block_drafter
+    from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer, load_onnx_drafter
+    from pipeline.drafters.block.model import load_drafter
+    from serve_eval.decoding import decode
 
     verifier = AutoModelForCausalLM.from_pretrained(exported / "verifier").eval()
-    torch_drafter = BlockDrafter(load_block_model(exported / "drafters" / "block"), verifier)
-    onnx_drafter = load_onnx_block_drafter(exported / "export" / "block")
+    torch_drafter = BlockDrafter(load_drafter(exported / "drafters" / "block"), verifier)
+    onnx_drafter = load_onnx_drafter(exported / "export" / "block")
     assert onnx_drafter.block_size == BLOCK_SIZE
 
     tokens = [5, 17, 30, 41, 8, 99, 120, 7, 64, 33, 2, 81]
@@ -192,7 +191,7 @@ def test_onnx_block_backend_matches_torch(exported):
 
 
 def test_parity_report_fails_past_tolerance_and_names_the_output():
-    from export.parity import ParityReport, error_stats
+    from pipeline.drafters.onnx_io import ParityReport, error_stats
 
     reference = np.array([1.0, -2.0, 1e-6])
     stats = error_stats(reference, reference + np.array([0.0, 4e-3, 0.0]), atol=1e-4, rtol=1e-3)

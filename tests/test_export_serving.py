@@ -12,16 +12,12 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from export.manifest import file_table, tokenizer_hash
-from export.serving import (
-    LaunchInfo,
-    ar_launch,
-    block_launch,
-    copy_checkpoint,
-    launch_info,
-    vllm_job,
-    write_dflash_serving_config,
-)
-from export.validate import check_plain_autoconfig, validate_causal_lm, validate_dflash
+from export.serving import copy_checkpoint, vllm_job
+from pipeline.drafters.ar import serving as ar_serving
+from pipeline.drafters.ar.serving import serving_layout
+from pipeline.drafters.block import serving as block_serving
+from pipeline.drafters.block.serving import check_layout, write_served_config
+from pipeline.drafters.served import check_plain_autoconfig
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_file
 from tests.tiny_models import tiny_qwen3, tiny_tokenizer
@@ -41,7 +37,7 @@ def ar_dir(tmp_path, tokenizer) -> Path:
 
 
 def _save_block_drafter(directory: Path, tokenizer, **config) -> None:
-    from train.block_model import DFlashConfig, DFlashDraftModel
+    from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
 
     defaults = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                     intermediate_size=64, vocab_size=len(tokenizer), block_size=4, num_target_layers=4,
@@ -55,7 +51,7 @@ def block_dir(tmp_path, tokenizer) -> Path:
     """A block drafter in its served layout (what the export stage writes)."""
     directory = tmp_path / "block"
     _save_block_drafter(directory, tokenizer)
-    write_dflash_serving_config(directory)
+    write_served_config(directory)
     return directory
 
 
@@ -73,8 +69,8 @@ def _drop_weight(directory: Path, name: str) -> None:
 
 
 def test_valid_layouts_pass(ar_dir, block_dir):
-    assert validate_causal_lm(ar_dir)["model_type"] == "qwen3"
-    config = validate_dflash(block_dir)  # includes loading config.json with plain AutoConfig without draftline
+    assert serving_layout(ar_dir)["model_type"] == "qwen3"
+    config = check_layout(block_dir)  # includes loading config.json with plain AutoConfig without draftline
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 4
     assert config["model_type"] == "qwen3" and config["layer_types"] == ["full_attention"]
     assert config["use_sliding_window"] is False and "mask_mode" not in config
@@ -85,7 +81,7 @@ def test_draftline_model_type_is_caught(block_dir):
     """`model_type: dflash` exists only inside draftline: the validator and plain AutoConfig both reject it."""
     _edit_config(block_dir, lambda c: c.update(model_type="dflash"))
     with pytest.raises(DraftlineError, match="model_type 'qwen3'") as caught:
-        validate_dflash(block_dir)
+        check_layout(block_dir)
     assert "\n" not in str(caught.value)
     with pytest.raises(DraftlineError, match="does not load with plain transformers AutoConfig.*dflash") as caught:
         check_plain_autoconfig(block_dir, "qwen3")
@@ -93,9 +89,9 @@ def test_draftline_model_type_is_caught(block_dir):
 
 
 def test_served_block_drafter_still_loads_in_draftline(block_dir):
-    from serve_eval.drafters import load_block_model
+    from pipeline.drafters.block.model import load_drafter
 
-    model = load_block_model(block_dir)
+    model = load_drafter(block_dir)
     assert model.config.mask_token_id is not None and model.config.mask_mode == "token"
 
 
@@ -104,7 +100,7 @@ def test_learned_mask_is_refused_for_serving(tmp_path, tokenizer):
     _save_block_drafter(directory, tokenizer, mask_mode="learned",
                         dflash_config={"mask_token_id": None, "target_layer_ids": [0, 2]})
     with pytest.raises(DraftlineError, match="learned mask embedding.*train.block.mask: token") as caught:
-        write_dflash_serving_config(directory)
+        write_served_config(directory)
     assert "\n" not in str(caught.value)
 
 
@@ -112,39 +108,39 @@ def test_learned_mask_is_refused_for_serving(tmp_path, tokenizer):
 def test_ar_missing_config_key_is_named(ar_dir, key):
     _edit_config(ar_dir, lambda c: c.pop(key))
     with pytest.raises(DraftlineError, match=f"missing config key '{key}'"):
-        validate_causal_lm(ar_dir)
+        serving_layout(ar_dir)
 
 
 def test_ar_missing_weight_and_tokenizer_are_named(ar_dir):
     _drop_weight(ar_dir, "model.layers.0.self_attn.k_proj.weight")
     with pytest.raises(DraftlineError, match="missing weight 'model.layers.0.self_attn.k_proj.weight'"):
-        validate_causal_lm(ar_dir)
+        serving_layout(ar_dir)
 
 
 def test_missing_tokenizer_file_is_named(ar_dir):
     (ar_dir / "tokenizer.json").unlink()
     with pytest.raises(DraftlineError, match="missing tokenizer file 'tokenizer.json'"):
-        validate_causal_lm(ar_dir)
+        serving_layout(ar_dir)
 
 
 @pytest.mark.parametrize("key", ["block_size", "num_target_layers", "head_dim"])
 def test_dflash_missing_config_key_is_named(block_dir, key):
     _edit_config(block_dir, lambda c: c.pop(key))
     with pytest.raises(DraftlineError, match=f"missing config key '{key}'"):
-        validate_dflash(block_dir)
+        check_layout(block_dir)
 
 
 def test_dflash_missing_subkey_weight_and_stray_head(block_dir):
     _edit_config(block_dir, lambda c: c["dflash_config"].pop("target_layer_ids"))
     with pytest.raises(DraftlineError, match="dflash_config.target_layer_ids"):
-        validate_dflash(block_dir)
+        check_layout(block_dir)
     _edit_config(block_dir, lambda c: c["dflash_config"].update(target_layer_ids=[0, 9]))
     with pytest.raises(DraftlineError, match="below num_target_layers"):
-        validate_dflash(block_dir)
+        check_layout(block_dir)
     _edit_config(block_dir, lambda c: c["dflash_config"].update(target_layer_ids=[0, 2]))
     _drop_weight(block_dir, "fc.weight")
     with pytest.raises(DraftlineError, match="missing weight 'fc.weight'"):
-        validate_dflash(block_dir)
+        check_layout(block_dir)
 
 
 def test_dflash_rejects_embedding_in_checkpoint(block_dir):
@@ -152,7 +148,7 @@ def test_dflash_rejects_embedding_in_checkpoint(block_dir):
     weights["embed_tokens.weight"] = torch.zeros(4, 4)
     save_file(weights, str(block_dir / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(DraftlineError, match="must not carry 'embed_tokens.weight'"):
-        validate_dflash(block_dir)
+        check_layout(block_dir)
 
 
 def test_copy_checkpoint_leaves_training_record_and_needs_a_drafter(ar_dir, tmp_path):
@@ -164,26 +160,34 @@ def test_copy_checkpoint_leaves_training_record_and_needs_a_drafter(ar_dir, tmp_
         copy_checkpoint(tmp_path / "nothing", tmp_path / "other")
 
 
-def test_launch_snippets_carry_paths_and_numbers(block_dir):
-    ar = ar_launch(LaunchInfo("/models/verifier", "/exp/ar/serving", 5))
-    spec = json.loads(ar.split("--speculative-config '")[1].split("'")[0])
-    assert spec == {"method": "draft_model", "model": "/exp/ar/serving", "num_speculative_tokens": 5}
-    assert "--speculative-algorithm STANDALONE" in ar and "--speculative-num-draft-tokens 6" in ar
-    assert "decoding_type: DraftTarget" in ar and "max_draft_len: 5" in ar
+def test_launch_snippets_carry_paths_and_numbers(ar_dir, block_dir):
+    (ar_dir / "training.json").write_text(json.dumps({"draft_tokens": 5}))
+    ar = ar_serving.launch(serving_layout(ar_dir), "/models/verifier", Path("/exp/ar/serving"), ar_dir)
+    spec = json.loads(ar.markdown.split("--speculative-config '")[1].split("'")[0])
+    assert spec == ar.speculative_config == {"method": "draft_model", "model": "/exp/ar/serving",
+                                             "num_speculative_tokens": 5}
+    assert "--speculative-algorithm STANDALONE" in ar.markdown and "--speculative-num-draft-tokens 6" in ar.markdown
+    assert "decoding_type: DraftTarget" in ar.markdown and "max_draft_len: 5" in ar.markdown
 
     config = json.loads((block_dir / "config.json").read_text())
-    info = launch_info("block", config, "/models/verifier", Path("/exp/block/serving"), ar_draft_tokens=5)
-    text = block_launch(info)
+    block = block_serving.launch(config, "/models/verifier", Path("/exp/block/serving"), block_dir)
+    text = block.markdown
     spec = json.loads(text.split("--speculative-config '")[1].split("'")[0])
     assert spec == {"method": "dflash", "model": "/exp/block/serving", "num_speculative_tokens": 3}
     assert "--speculative-algorithm DFLASH" in text and "--speculative-num-draft-tokens 4" in text
     assert "decoding_type: DFlash" in text and "target_layer_ids: [0, 2]" in text
     assert f"mask_token_id: {config['dflash_config']['mask_token_id']}" in text
-    assert vllm_job("block", info) == {"model": "/models/verifier", "speculative_config": spec}
+    assert vllm_job("/models/verifier", block) == {"model": "/models/verifier", "speculative_config": spec}
+
+
+def test_ar_launch_needs_the_trained_k(ar_dir):
+    with pytest.raises(DraftlineError, match="records no draft_tokens.*dvc repro train_ar"):
+        ar_serving.launch(serving_layout(ar_dir), "/v", Path("/d"), ar_dir)
 
 
 def test_tensorrt_yaml_is_valid_yaml_with_null():
-    text = block_launch(LaunchInfo("/v", "/d", 3, 4, None, (0, 2)))
+    served = {"block_size": 4, "dflash_config": {"mask_token_id": None, "target_layer_ids": [0, 2]}}
+    text = block_serving.launch(served, "/v", Path("/d"), Path("/d")).markdown
     snippet = text.split("`spec.yaml`:\n\n```yaml\n")[1].split("```")[0]
     config = yaml.safe_load(snippet)["speculative_config"]
     assert config["mask_token_id"] is None and config["target_layer_ids"] == [0, 2] and config["max_draft_len"] == 3

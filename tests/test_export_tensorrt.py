@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from export import tensorrt_build
-from export.onnx_export import ar_io_spec, block_io_spec, with_float_dtype
 from pipeline.config import ExportConfig, ProfileConfig
+from pipeline.drafters.ar import onnx as ar_onnx
+from pipeline.drafters.block import onnx as block_onnx
+from pipeline.drafters.onnx_io import with_float_dtype
 from pipeline.errors import DraftlineError
 from tests.tiny_models import tiny_qwen3
 
@@ -20,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def ar_spec():
-    return ar_io_spec(tiny_qwen3(320, num_layers=2).config)
+    return ar_onnx.io_spec(tiny_qwen3(320, num_layers=2).config)
 
 
 def test_profile_shapes_cover_every_dynamic_input(ar_spec):
@@ -38,12 +40,12 @@ def test_profile_never_asks_for_an_empty_batch_or_sequence(ar_spec):
 
 
 def test_block_profile_keeps_static_dims():
-    from train.block_model import DFlashConfig, DFlashDraftModel
+    from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
 
     config = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                           head_dim=8, intermediate_size=64, vocab_size=320, block_size=4, num_target_layers=4,
                           dflash_config={"mask_token_id": 1, "target_layer_ids": [0, 2]})
-    spec = block_io_spec(DFlashDraftModel(config), 320)
+    spec = block_onnx.io_spec(DFlashDraftModel(config), 320)
     shapes = tensorrt_build.profile_shapes(spec, ProfileConfig(batch=(1, 1, 2), seq=(1, 3, 8), past=(0, 16, 32)))
     assert shapes["anchor_ids"] == ((1,), (1,), (2,))
     assert shapes["context_features"] == ((1, 1, 32), (1, 3, 32), (2, 8, 32))

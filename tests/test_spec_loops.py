@@ -5,10 +5,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from serve_eval.decoding import ARProposer, BlockProposer, decode
-from serve_eval.drafters import BlockDrafter, TorchARDrafter
+from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
+from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
+from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
+from serve_eval.decoding import decode
 from tests.tiny_models import tiny_qwen3
-from train.block_model import DFlashConfig, DFlashDraftModel
 
 VOCAB = 96
 PROMPTS = [[5, 17, 33], [1, 2, 3, 4, 5, 6, 7, 8, 9], [42], [90, 12, 12, 12, 60, 3]]
@@ -137,11 +138,11 @@ def test_block_context_equals_fresh_features(verifier):
 
 
 def test_sampled_loops_are_reproducible_with_a_seed(verifier, random_drafter):
-    from serve_eval.verification import Sampling
+    from pipeline.config import SamplingConfig
 
     def run(seed):
         return decode(verifier, PROMPTS[0], 12, proposer=ar(verifier, random_drafter, 3),
-                      sampling=Sampling(temperature=0.8), generator=torch.Generator().manual_seed(seed)).new_ids
+                      sampling=SamplingConfig(temperature=0.8), generator=torch.Generator().manual_seed(seed)).new_ids
 
     assert run(3) == run(3)
     assert run(3) != run(4)

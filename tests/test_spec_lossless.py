@@ -1,4 +1,4 @@
-"""Sampling (T > 0) through the real loops: the output distribution equals the verifier's (chi-square)."""
+"""SamplingConfig (T > 0) through the real loops: the output distribution equals the verifier's (chi-square)."""
 
 import itertools
 
@@ -7,15 +7,17 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from serve_eval.decoding import ARProposer, BlockProposer, decode
-from serve_eval.drafters import BlockDrafter, TorchARDrafter
-from serve_eval.verification import Sampling, warp_probs
+from pipeline.config import SamplingConfig
+from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
+from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
+from pipeline.sampling import warp_probs
+from serve_eval.decoding import decode
 from tests.test_spec_loops import block_model
 from tests.tiny_models import tiny_qwen3
 
 VOCAB = 5
 PROMPT = [1, 3, 0]
-SAMPLING = Sampling(temperature=1.0)
+SAMPLING = SamplingConfig(temperature=1.0)
 
 
 def peaky(model, scale):
@@ -86,7 +88,7 @@ def test_the_chi_square_check_rejects_a_wrong_distribution(verifier):
     generator = torch.Generator().manual_seed(2)
     counts = np.zeros((VOCAB, VOCAB))
     for _ in range(300):  # sample at T = 2 but compare with the T = 1 joint
-        out = decode(verifier, PROMPT, 2, sampling=Sampling(temperature=2.0), generator=generator)
+        out = decode(verifier, PROMPT, 2, sampling=SamplingConfig(temperature=2.0), generator=generator)
         counts[out.new_ids[0], out.new_ids[1]] += 1
     with pytest.raises(AssertionError):
         assert_matches(counts, exact_joint(verifier, 0))

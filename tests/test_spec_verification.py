@@ -5,7 +5,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from serve_eval.verification import Sampling, greedy_accept, rejection_accept, warp_probs
+from pipeline.config import SamplingConfig
+from pipeline.sampling import greedy_accept, rejection_accept, warp_probs
 
 
 def one_hot_logits(ids, vocab=6):
@@ -27,12 +28,12 @@ def test_greedy_full_acceptance_appends_bonus_token():
 
 def test_warp_top_k_and_top_p_keep_the_right_tokens():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    top_k = warp_probs(logits, Sampling(temperature=1.0, top_k=2))
+    top_k = warp_probs(logits, SamplingConfig(temperature=1.0, top_k=2))
     assert torch.allclose(top_k, torch.tensor([0.625, 0.375, 0.0, 0.0]))
-    top_p = warp_probs(logits, Sampling(temperature=1.0, top_p=0.7))
+    top_p = warp_probs(logits, SamplingConfig(temperature=1.0, top_p=0.7))
     assert torch.allclose(top_p, torch.tensor([0.625, 0.375, 0.0, 0.0]))
-    assert warp_probs(logits, Sampling(temperature=1.0, top_p=0.4)).tolist() == [1.0, 0.0, 0.0, 0.0]
-    sharp = warp_probs(logits, Sampling(temperature=0.5))
+    assert warp_probs(logits, SamplingConfig(temperature=1.0, top_p=0.4)).tolist() == [1.0, 0.0, 0.0, 0.0]
+    sharp = warp_probs(logits, SamplingConfig(temperature=0.5))
     assert sharp[0] > 0.5 and torch.isclose(sharp.sum(), torch.tensor(1.0))
 
 

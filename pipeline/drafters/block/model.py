@@ -407,11 +407,10 @@ def verifier_parts(verifier: nn.Module) -> tuple[nn.Module, nn.Module, int, int]
     )
 
 
-def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, tokenizer: PreTrainedTokenizerBase) -> DFlashConfig:
+def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: int | None) -> DFlashConfig:
     """The DFlash config for `verifier` from params: width, vocabulary and RoPE base follow the verifier."""
     text = verifier.config.get_text_config()
     _, _, depth, hidden = verifier_parts(verifier)
-    mask_token_id = tokenizer_mask_id(tokenizer)
     if cfg.mask == "token" and mask_token_id is None:
         raise DraftlineError("train.block.mask is 'token' but the verifier's tokenizer has no mask token; "
                              "set train.block.mask to 'auto' or 'learned'")
@@ -452,7 +451,7 @@ def build_drafter(verifier: nn.Module, cfg: BlockDrafterConfig, tokenizer: PreTr
     """A fresh drafter whose final norm starts as the verifier's: its output feeds the verifier's frozen
     LM head, which was trained on exactly that norm's scale."""
     torch.manual_seed(seed)
-    drafter = DFlashDraftModel(drafter_config(verifier, cfg, tokenizer))
+    drafter = DFlashDraftModel(drafter_config(verifier, cfg, tokenizer_mask_id(tokenizer)))
     final_norm = getattr(verifier.get_decoder(), "norm", None)
     weight = getattr(final_norm, "weight", None)
     if weight is not None and weight.shape == drafter.norm.weight.shape:

@@ -67,11 +67,15 @@ def served_config(config: dict) -> dict:
     return served
 
 
-def serving_layout(serving_dir: Path) -> dict:
-    """Rewrite the copied checkpoint's config.json for the serving stacks, then check the layout."""
+def write_served_config(serving_dir: Path) -> None:
     path = serving_dir / "config.json"
     config = served_config(json.loads(path.read_text(encoding="utf-8")))
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def serving_layout(serving_dir: Path) -> dict:
+    """Rewrite the copied checkpoint's config.json for the serving stacks, then check the layout."""
+    write_served_config(serving_dir)
     return check_layout(serving_dir)
 
 
