@@ -367,10 +367,10 @@ class BlockDrafterConfig(Section):
     num_heads: Optional[int] = Field(None, ge=1, description="None: the verifier's")
     num_kv_heads: Optional[int] = Field(None, ge=1)
     intermediate_size: Optional[int] = Field(None, ge=16)
-    num_target_layers: int = Field(
+    num_feature_layers: int = Field(
         5, ge=1, le=16,
-        description="how many verifier layers to condition on (fewer for shallow verifiers); the saved "
-        "config.json's num_target_layers is the verifier's depth, as serving stacks expect",
+        description="how many verifier layers feed the context features (fewer for shallow verifiers); not the "
+        "saved config.json's num_target_layers, which is the verifier's depth, as serving stacks expect",
     )
     target_layer_ids: Optional[list[int]] = None
     mask: Literal["auto", "token", "learned"] = "auto"

@@ -8,13 +8,6 @@ import subprocess
 from pathlib import Path
 
 
-def trained_draft_tokens(drafter_dir: Path) -> int | None:
-    """k recorded by training (`training.json`), or None for a drafter that does not record one
-    (the block drafter's k is its block size)."""
-    path = Path(drafter_dir) / "training.json"
-    return read_json(path).get("draft_tokens") if path.is_file() else None
-
-
 def hash_file(path: Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -9,7 +9,8 @@ import torch
 
 from pipeline.config import LossConfig
 from train import losses
-from train.trainer import AcceptanceTally, cosine_with_warmup, simulated_acceptance_length
+from train.agreement import AcceptanceTally, simulated_acceptance_length
+from train.trainer import cosine_with_warmup
 
 # One batch, two positions, vocabulary of 2. Position 0 is a response token; position 1 is masked.
 P = [0.8, 0.2]  # teacher at position 0

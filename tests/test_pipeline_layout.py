@@ -115,3 +115,43 @@ def test_stage_deps_are_its_import_closure(stage):
     missing, extra = sorted(closure - listed), sorted(listed - closure)
     assert not missing, f"{stage}: dvc.yaml deps lack files the stage imports: {missing}"
     assert not extra, f"{stage}: dvc.yaml deps list files the stage never imports: {extra}"
+
+
+def _source_files(*packages: str) -> list[Path]:
+    return sorted(path for package in packages for path in (REPO / package).rglob("*.py"))
+
+
+def test_only_a_kinds_own_package_branches_on_its_name():
+    """Stages iterate over `pipeline.drafters.registry.KINDS`; a comparison with a kind's name outside
+    `pipeline/drafters/<kind>/` is a branch a new kind would have to be added to."""
+    from pipeline.config import DRAFTER_NAMES
+
+    homes = tuple(REPO / "pipeline" / "drafters" / name for name in DRAFTER_NAMES)
+    offenders = []
+    for path in _source_files(*PACKAGES):
+        if any(path.is_relative_to(home) for home in homes):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                for operand in operands:
+                    values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+                    if any(isinstance(v, ast.Constant) and v.value in DRAFTER_NAMES for v in values):
+                        offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, f"kind-name branches outside pipeline/drafters/<kind>/: {offenders}"
+
+
+def test_export_and_serve_eval_do_not_import_train():
+    offenders = [f"{path.relative_to(REPO)} imports {name}" for path in _source_files("export", "serve_eval")
+                 for name in _imported_modules(path) if name.split(".")[0] == "train"]
+    assert not offenders, offenders
+
+
+def test_registry_has_every_drafter_name():
+    from pipeline.config import DRAFTER_NAMES
+    from pipeline.drafters.registry import KINDS
+
+    assert sorted(KINDS) == sorted(DRAFTER_NAMES)
+    assert all(kind.name == name for name, kind in KINDS.items())
+    for kind in KINDS.values():
+        assert importlib.util.find_spec(kind.train_stage) is not None, kind.train_stage

@@ -17,9 +17,10 @@ import torch
 from transformers import PreTrainedModel
 
 from pipeline.config import LossConfig, TrainerConfig
+from train.agreement import AcceptanceTally, simulated_acceptance_length
 from train.frozen import FrozenVerifier
 from train.losses import mixture, needs_teacher
-from train.trainer import AcceptanceTally, DrafterModule, simulated_acceptance_length
+from train.trainer import DrafterModule
 
 
 def response_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -43,10 +43,10 @@ class Variant:
     denoise_steps: int = 1  # evaluation only: iterative unmasking passes per block
 
 
-def variants(depth: int, num_target_layers: int) -> list[Variant]:
+def variants(depth: int, num_feature_layers: int) -> list[Variant]:
     old = {"loss": {"ce": 1.0, "fkl": 0.0, "labels": "corpus", "greedy_chain": False}, "anchors_per_sequence": 8}
     no_chain = {"labels": "verifier", "greedy_chain": False}
-    default_layers = build_target_layer_ids(depth, num_target_layers)
+    default_layers = build_target_layer_ids(depth, num_feature_layers)
     with_last = sorted(set(default_layers[:-1] + [depth - 1]))
     return [
         Variant("shipped", "corpus-token CE, 8 anchors, sampled rows, unit norm", old, "sampled", False),
@@ -116,7 +116,7 @@ def ablation(params: Params, steps: int, only: list[str] | None = None, decode_p
     teacher = FrozenVerifier(verifier)
     results: dict[str, dict] = {}
     trained: dict[str, tuple] = {}
-    for variant in variants(depth, base.num_target_layers):
+    for variant in variants(depth, base.num_feature_layers):
         if only and variant.name not in only:
             continue
         cfg = merged(base, variant.config)

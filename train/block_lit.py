@@ -27,10 +27,11 @@ from pipeline.config import BlockDrafterConfig, TrainerConfig
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.model import DFlashDraftModel, verifier_parts
 from serve_eval.decoding import decode
+from train.agreement import AcceptanceTally, simulated_acceptance_length
 from train.block_data import BlockBatches, block_targets, sample_anchors
 from train.frozen import FrozenVerifier
 from train.losses import block_loss, position_weights
-from train.trainer import AcceptanceTally, DrafterModule, simulated_acceptance_length
+from train.trainer import DrafterModule
 
 
 def anchor_generator(*key: int) -> torch.Generator:

@@ -415,7 +415,7 @@ def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: 
         raise DraftlineError("train.block.mask is 'token' but the verifier's tokenizer has no mask token; "
                              "set train.block.mask to 'auto' or 'learned'")
     mask_mode = "learned" if cfg.mask == "learned" or mask_token_id is None else "token"
-    layer_ids = cfg.target_layer_ids or build_target_layer_ids(depth, cfg.num_target_layers)
+    layer_ids = cfg.target_layer_ids or build_target_layer_ids(depth, cfg.num_feature_layers)
     if any(not 0 <= layer_id < depth for layer_id in layer_ids):
         raise DraftlineError(f"train.block.target_layer_ids {layer_ids} out of range for a {depth}-layer verifier; "
                              f"use ids in 0..{depth - 1} or null for the default spread")
