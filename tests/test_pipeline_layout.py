@@ -35,7 +35,7 @@ def test_stage_command_is_a_module_with_main(stage):
 @pytest.mark.parametrize("stage", FLOW)
 def test_stage_code_deps_exist(stage):
     for dep in STAGES[stage].get("deps", []):
-        if not dep.startswith(("artifacts/", "metrics/")):
+        if not dep.startswith("${project."):
             assert (REPO / dep).exists(), f"{stage}: dep {dep} does not exist"
 
 
@@ -155,3 +155,28 @@ def test_registry_has_every_drafter_name():
     assert all(kind.name == name for name, kind in KINDS.items())
     for kind in KINDS.values():
         assert importlib.util.find_spec(kind.train_stage) is not None, kind.train_stage
+
+
+def test_dvc_paths_follow_the_params_that_move_them(tmp_path):
+    """dvc.yaml takes artifact, metrics and plots dirs from params.yaml (DVC templating), so moving them
+    in params moves what DVC tracks to where the stages write (`pipeline.paths.ArtifactPaths`)."""
+    from dvc.repo import Repo
+
+    from pipeline.config import Params
+    from pipeline.paths import ArtifactPaths
+
+    project = {"artifacts_dir": "run/arts", "metrics_dir": "run/metrics", "plots_dir": "run/plots"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"project": project}))
+    (tmp_path / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text())
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    stages = {stage.name: stage for stage in Repo(str(tmp_path)).index.stages}
+    tracked = {str(out.def_path) for stage in stages.values() for out in stage.outs}
+    tracked |= {str(dep.def_path) for stage in stages.values() for dep in stage.deps if str(dep.def_path).startswith("run/")}
+    assert all(path.startswith("run/") for path in tracked if not path.endswith(".py")), sorted(tracked)
+    paths = ArtifactPaths.from_params(Params.model_validate({"project": project}))
+    for kind in ("ar", "block"):
+        for expected in (paths.drafter(kind), paths.checkpoints(kind)):
+            assert expected.as_posix() in tracked, expected
+    for expected in (paths.verifier, paths.corpus, paths.corpus_shards, paths.metrics / "eval.json",
+                     paths.plots / "eval_acceptance.png"):
+        assert expected.as_posix() in tracked, expected

@@ -120,3 +120,26 @@ def require_tokenizer(where: Path) -> None:
 def layer_weights(prefix: str, layers: int, qk_norm: bool) -> list[str]:
     suffixes = LAYER_WEIGHTS + (QWEN3_NORMS if qk_norm else ())
     return [f"{prefix}{layer}.{suffix}" for layer in range(layers) for suffix in suffixes]
+
+
+# --------------------------------------------------------------------------- launch.md parts every kind shares
+
+
+def vllm_section(verifier: str, speculative: dict) -> str:
+    return f"""## vLLM
+
+Run by stage `serve_check` with exactly this speculative config (`vllm.json`; results in
+`metrics/serving.json`).
+
+```bash
+vllm serve {verifier} \\
+  --speculative-config '{json.dumps(speculative)}'
+```
+"""
+
+
+def trtllm_serve(verifier: str) -> str:
+    return f"""```bash
+trtllm-serve {verifier} --config spec.yaml   # older releases: --extra_llm_api_options spec.yaml
+```
+"""

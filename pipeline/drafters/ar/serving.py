@@ -6,7 +6,6 @@ ordinary causal LM with the verifier's tokenizer; k comes from `train.ar.draft_t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pipeline.drafters.kind import Launch
@@ -18,6 +17,8 @@ from pipeline.drafters.served import (
     require_rope_theta,
     require_tokenizer,
     require_weights,
+    trtllm_serve,
+    vllm_section,
     weight_names,
 )
 from pipeline.errors import DraftlineError
@@ -60,16 +61,7 @@ def launch(served_config: dict, verifier: str, draft: Path, drafter_dir: Path) -
 Draft model: `{draft}` (a plain HF causal LM with the verifier's tokenizer).
 Target (verifier): `{verifier}`. Draft tokens per step k = {k} (`train.ar.draft_tokens`, as trained).
 
-## vLLM
-
-Run by stage `serve_check` with exactly this speculative config (`vllm.json`; results in
-`metrics/serving.json`).
-
-```bash
-vllm serve {verifier} \\
-  --speculative-config '{json.dumps(speculative)}'
-```
-
+{vllm_section(verifier, speculative)}
 ## SGLang (standalone draft model)
 
 Checked against SGLang's loader code only, not run here.
@@ -94,8 +86,5 @@ speculative_config:
   speculative_model: {draft}
 ```
 
-```bash
-trtllm-serve {verifier} --config spec.yaml   # older releases: --extra_llm_api_options spec.yaml
-```
-"""
+{trtllm_serve(verifier)}"""
     return Launch(markdown, speculative)

@@ -37,6 +37,8 @@ from pipeline.drafters.served import (
     require_rope_theta,
     require_tokenizer,
     require_weights,
+    trtllm_serve,
+    vllm_section,
     weight_names,
 )
 from pipeline.errors import DraftlineError
@@ -130,16 +132,7 @@ Target (verifier): `{verifier}`. Block size {block}, so {k} draft tokens per ste
 mask token id {mask_token_id}; verifier layers feeding the drafter {layer_ids}.
 The checkpoint ships no modelling code: use a serving build with native DFlash support.
 
-## vLLM
-
-Run by stage `serve_check` with exactly this speculative config (`vllm.json`; results in
-`metrics/serving.json`).
-
-```bash
-vllm serve {verifier} \\
-  --speculative-config '{json.dumps(speculative)}'
-```
-
+{vllm_section(verifier, speculative)}
 ## SGLang
 
 Checked against SGLang's loader code only, not run here.
@@ -166,8 +159,5 @@ speculative_config:
   target_layer_ids: {layer_ids}
 ```
 
-```bash
-trtllm-serve {verifier} --config spec.yaml   # older releases: --extra_llm_api_options spec.yaml
-```
-"""
+{trtllm_serve(verifier)}"""
     return Launch(markdown, speculative)
