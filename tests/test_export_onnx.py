@@ -182,7 +182,9 @@ def test_onnx_block_backend_matches_torch(exported):
         chunk = tuple(h[:, start:end] for h in hidden)
         torch_drafter.extend(chunk, start, end - start)
         onnx_drafter.extend(chunk, start, end - start)
-        assert onnx_drafter.draft(tokens[end], end) == torch_drafter.draft(tokens[end], end)
+        onnx_logits, torch_logits = onnx_drafter.draft(tokens[end], end), torch_drafter.draft(tokens[end], end)
+        assert onnx_logits.argmax(-1).tolist() == torch_logits.argmax(-1).tolist()
+        torch.testing.assert_close(onnx_logits, torch_logits, atol=1e-4, rtol=1e-3)
 
     torch_run = decode(verifier, tokens[:5], 16, proposer=BlockProposer(torch_drafter))
     onnx_run = decode(verifier, tokens[:5], 16, proposer=BlockProposer(onnx_drafter))

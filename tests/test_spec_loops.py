@@ -134,7 +134,7 @@ def test_block_context_equals_fresh_features(verifier):
         out = verifier(input_ids=torch.tensor([committed[:-1]]), output_hidden_states=True)
     fresh.extend(out.hidden_states, 0, len(committed) - 1)
     anchor = (committed[-1], len(committed) - 1)
-    assert drafter.draft(*anchor) == fresh.draft(*anchor)
+    torch.testing.assert_close(drafter.draft(*anchor), fresh.draft(*anchor))
 
 
 def test_sampled_loops_are_reproducible_with_a_seed(verifier, random_drafter):
@@ -146,3 +146,27 @@ def test_sampled_loops_are_reproducible_with_a_seed(verifier, random_drafter):
 
     assert run(3) == run(3)
     assert run(3) != run(4)
+
+
+def test_block_drafts_at_temperature_come_with_their_distribution(verifier):
+    """Sampled block drafts: each draft is a sample of the q row returned with it (what rejection
+    sampling needs), and at T > 0 the drafts are not just the argmax."""
+    from pipeline.config import SamplingConfig
+
+    model = block_model(verifier, 4, seed=2)
+    proposer = BlockProposer(BlockDrafter(model, verifier))
+    tokens = PROMPTS[0]
+    with torch.inference_mode():
+        out = verifier(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True)
+    proposer.observe(out.hidden_states, 0, len(tokens) - 1)
+    greedy, none = proposer.propose(tokens, 3, SamplingConfig(), None)
+    assert none is None and len(greedy) == 3
+    generator = torch.Generator().manual_seed(0)
+    seen_other = False
+    for _ in range(20):
+        drafts, q = proposer.propose(tokens, 3, SamplingConfig(temperature=1.5), generator)
+        assert q.shape == (3, verifier.config.vocab_size)
+        torch.testing.assert_close(q.sum(-1), torch.ones(3))
+        assert all(float(q[i, token]) > 0 for i, token in enumerate(drafts))
+        seen_other |= drafts != greedy
+    assert seen_other

@@ -77,7 +77,9 @@ def test_ar_loop_samples_the_verifier_joint(verifier):
 
 
 @pytest.mark.slow
-def test_block_loop_with_one_hot_drafts_samples_the_verifier_joint(verifier):
+def test_block_loop_with_sampled_drafts_samples_the_verifier_joint(verifier):
+    """The block drafter samples each position from its own q at T > 0 (one-hot q is covered on
+    synthetic distributions in test_spec_verification.py)."""
     proposer = BlockProposer(BlockDrafter(block_model(verifier, 3, seed=5), verifier))
     # the first token comes from the prefill forward; tokens 2-3 are drafted as one block
     counts = sampled_joint(verifier, proposer, 1, 400, seed=1)

@@ -10,10 +10,12 @@ import onnxruntime as ort
 import torch
 from transformers import PreTrainedModel
 
+from pipeline.config import SamplingConfig
 from pipeline.drafters.block import onnx
 from pipeline.drafters.block.model import DFlashDraftModel, load_drafter
 from pipeline.drafters.onnx_io import IOSpec, read_export
 from pipeline.errors import DraftlineError
+from pipeline.sampling import warp_probs
 
 
 class BlockDrafter:
@@ -49,12 +51,13 @@ class BlockDrafter:
         self.context_length += count
 
     @torch.inference_mode()
-    def draft(self, anchor_id: int, anchor_position: int) -> list[int]:
+    def draft(self, anchor_id: int, anchor_position: int) -> torch.Tensor:
+        """Logits (block_size − 1, V) of the block after the anchor."""
         device = self.embed_tokens.weight.device
-        ids, _ = self.model.draft_block(self.cache, torch.tensor([anchor_id], device=device),
-                                        torch.tensor([anchor_position], device=device), self.embed_tokens,
-                                        self.lm_head, denoise_steps=self.denoise_steps)
-        return ids[0].tolist()
+        _, logits = self.model.draft_block(self.cache, torch.tensor([anchor_id], device=device),
+                                           torch.tensor([anchor_position], device=device), self.embed_tokens,
+                                           self.lm_head, denoise_steps=self.denoise_steps)
+        return logits[0]
 
 
 class OnnxBlockDrafter:
@@ -86,7 +89,7 @@ class OnnxBlockDrafter:
         self.pending.append(features.float().cpu().numpy())
         self.context_length += count
 
-    def draft(self, anchor_id: int, anchor_position: int) -> list[int]:
+    def draft(self, anchor_id: int, anchor_position: int) -> torch.Tensor:
         if not self.pending:
             raise ValueError("the ONNX block drafter needs new context features before each draft")
         features = np.concatenate(self.pending, axis=1)
@@ -98,7 +101,7 @@ class OnnxBlockDrafter:
         self.positions = outputs["present_context_positions"]
         self.cache = [outputs[name] for name in self.spec.kv_output_names]
         self.pending = []
-        return outputs["logits"][0].argmax(-1).tolist()
+        return torch.from_numpy(outputs["logits"][0])
 
 
 def load_onnx_drafter(export_dir: Path, denoise_steps: int = 1,
@@ -112,7 +115,13 @@ def load_onnx_drafter(export_dir: Path, denoise_steps: int = 1,
 
 
 class BlockProposer:
-    """B−1 tokens in one DFlash drafter pass from cached verifier features (argmax, so q is one-hot)."""
+    """B−1 tokens in one DFlash drafter pass from cached verifier features.
+
+    Greedy: the argmax of each position (q one-hot). Sampled: each position is drawn from its own
+    warped distribution q_i, and q is returned for rejection sampling; the block's positions are
+    drafted independently given the anchor, so q_i is exactly the distribution draft i came from and
+    verification stays lossless.
+    """
 
     uses_hidden_states = True
 
@@ -123,10 +132,15 @@ class BlockProposer:
     def reset(self) -> None:
         self.drafter.reset()
 
-    def propose(self, tokens, k, sampling, generator):
+    def propose(self, tokens: list[int], k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
         if self.drafter.context_length == 0 or k == 0:
             return [], None  # the prefill forward has no features to draft from yet
-        return self.drafter.draft(tokens[-1], len(tokens) - 1)[:k], None
+        logits = self.drafter.draft(tokens[-1], len(tokens) - 1)[:k]
+        if sampling.greedy:
+            return logits.argmax(-1).tolist(), None
+        q = warp_probs(logits, sampling)
+        return torch.multinomial(q, 1, generator=generator).squeeze(-1).tolist(), q
 
     def observe(self, hidden_states, first_position, count) -> None:
         self.drafter.extend(hidden_states, first_position, count)
