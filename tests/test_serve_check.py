@@ -147,6 +147,7 @@ def served(tmp_path_factory):
     """Tiny artifacts with head_dim 32 (vLLM's CPU attention rejects 8), exported by the export stage's own
     serving code, then `serve_check` run for real: three vLLM engines (no speculation, AR, block)."""
     from export.stage import export_serving
+    from pipeline.drafters.registry import KINDS
     from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
 
     work = tmp_path_factory.mktemp("serve_check")
@@ -173,9 +174,9 @@ def served(tmp_path_factory):
                                                              "target_layer_ids": [0, 2]})
     DFlashDraftModel(block).save_pretrained(paths.drafter("block"))
     tokenizer.save_pretrained(paths.drafter("block"))
-    for kind in ("ar", "block"):
-        export_serving(kind, paths.drafter(kind), paths.export(kind), paths.export(kind),
-                       str(paths.verifier.resolve()), K, tokenizer)
+    for name, kind in KINDS.items():
+        export_serving(kind, paths.drafter(name), paths.export(name), paths.export(name),
+                       str(paths.verifier.resolve()), tokenizer)
     assert serve_check.main(["--params", str(work / "params.yaml")]) == 0
     return paths, json.loads((paths.metrics / "serving.json").read_text())
 
