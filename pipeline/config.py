@@ -368,6 +368,10 @@ class BlockDrafterConfig(Section):
         "all", description="'all': every response position with a label after it; an int samples that many "
         "per sequence each step (for sequences too long to hold every block in memory)",
     )
+    prompt_anchors: StrictBool = Field(
+        False, description="training also anchors blocks at prompt positions (from 1; labels past position 1 only "
+        "where the prompt follows the verifier's argmax, with greedy_chain): more blocks from a small corpus",
+    )
     gamma: Optional[float] = Field(None, gt=0, description="None: 7 for B=16, 5 for 10, 4 for 8")
     loss: BlockLossConfig = BlockLossConfig()
     decode_prompts: int = Field(

@@ -120,16 +120,19 @@ def verifier_targets(
 def block_signals(
     drafter: DFlashDraftModel, targets: VerifierTargets, batch: dict[str, Tensor], cfg: BlockDrafterConfig,
     weights: Tensor, generator: torch.Generator, embed_tokens: nn.Module, lm_head: nn.Module,
+    prompt_anchors: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
     """(loss, loss terms, top-1 match (B, N, L−1), label_valid (B, N, L−1)) for one batch of blocks.
 
     `targets` come from one frozen verifier forward over the batch: the hidden states (context
     features) and the logits the labels come from: block position k is taught the verifier's
     prediction for the token at anchor + k, made at position anchor + k − 1 (on a greedy response,
-    exactly the token it would draft there).
+    exactly the token it would draft there). `prompt_anchors` also anchors blocks inside the prompt
+    (from position 1: a block needs some context); validation leaves it off so its numbers stay
+    those of response blocks, the only ones serving drafts.
     """
-    anchors, anchor_valid = sample_anchors(batch["prompt_lens"].cpu(), batch["lengths"].cpu(),
-                                           cfg.anchors_per_sequence, generator)
+    first = torch.ones_like(batch["prompt_lens"]) if prompt_anchors else batch["prompt_lens"]
+    anchors, anchor_valid = sample_anchors(first.cpu(), batch["lengths"].cpu(), cfg.anchors_per_sequence, generator)
     anchors, anchor_valid = anchors.to(batch["input_ids"].device), anchor_valid.to(batch["input_ids"].device)
     block_ids, corpus_labels, label_valid = block_targets(
         batch["input_ids"], batch["lengths"], anchors, anchor_valid, drafter.block_size
@@ -308,7 +311,8 @@ class BlockDistillModule(DrafterModule):
         # Sampled anchors are fresh every step (so every epoch), reproducible across resume and distinct per rank.
         generator = anchor_generator(self.seed, self.global_step, batch_index, self.global_rank)
         loss, terms, _, label_valid = block_signals(self.drafter, self.verifier_targets(batch, "train"), batch, self.cfg,
-                                                    self.weights, generator, self.embed_tokens, self.lm_head)
+                                                    self.weights, generator, self.embed_tokens, self.lm_head,
+                                                    prompt_anchors=self.cfg.prompt_anchors)
         self.tokens_seen += int(label_valid.sum().item())
         size = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=size)
