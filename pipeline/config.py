@@ -365,8 +365,8 @@ class BlockDrafterConfig(Section):
     target_layer_ids: Optional[list[int]] = None
     mask: Literal["auto", "token", "learned"] = "auto"
     anchors_per_sequence: Union[Literal["all"], PositiveInt] = Field(
-        "all", description="'all': every response (or, with prompt_anchors, every) position with a label after it; an int samples that many "
-        "per sequence each step (for sequences too long to hold every block in memory)",
+        "all", description="'all': every response (with prompt_anchors: every) position with a label after it; "
+        "an int samples that many per sequence each step (for sequences too long to hold every block in memory)",
     )
     prompt_anchors: StrictBool = Field(
         False, description="training also anchors blocks at prompt positions (from 1; labels past position 1 only "
