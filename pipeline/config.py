@@ -375,13 +375,22 @@ class BlockDrafterConfig(Section):
     target_layer_ids: Optional[list[int]] = None
     mask: Literal["auto", "token", "learned"] = "auto"
     anchors_per_sequence: Union[Literal["all"], PositiveInt] = Field(
-        "all", description="'all': every response position with a label after it; an int samples that many "
-        "per sequence each step (for sequences too long to hold every block in memory)",
+        "all", description="'all': every response (with prompt_anchors: every) position with a label after it; "
+        "an int samples that many per sequence each step (for sequences too long to hold every block in memory)",
+    )
+    prompt_anchors: StrictBool = Field(
+        False, description="training also anchors blocks at prompt positions (from 1; labels past position 1 only "
+        "where the prompt follows the verifier's argmax, with greedy_chain): more blocks from a small corpus",
     )
     gamma: Optional[float] = Field(None, gt=0, description="None: 7 for B=16, 5 for 10, 4 for 8")
     loss: BlockLossConfig = BlockLossConfig()
     decode_prompts: int = Field(
         4, ge=0, description="validation prompts greedily decoded with the drafter at every validation (real tau)",
+    )
+    cache_verifier_outputs: StrictBool = Field(
+        False, description="keep each batch's verifier outputs (target-layer hidden states, argmax; logits too for "
+        "fkl) after its first forward and reuse them every later epoch: exact, and saves the frozen forward per "
+        "step; costs T·(num_target_layers·hidden + 1) floats per corpus row (T·vocab more with fkl) of memory",
     )
     # Sized so the demo trains in a few minutes on 2 CPU cores (one verifier + drafter pass per step).
     trainer: TrainerConfig = TrainerConfig(batch_size=8, max_steps=200)

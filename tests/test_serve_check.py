@@ -147,8 +147,8 @@ def served(tmp_path_factory):
     """Tiny artifacts with head_dim 32 (vLLM's CPU attention rejects 8), exported by the export stage's own
     serving code, then `serve_check` run for real: three vLLM engines (no speculation, AR, block)."""
     from export.stage import export_serving
-    from pipeline.drafters.registry import KINDS
     from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
+    from pipeline.drafters.registry import KINDS
 
     work = tmp_path_factory.mktemp("serve_check")
     paths = ArtifactPaths.from_params(parse_params(yaml.safe_load(write_params(work).read_text())))

@@ -1,7 +1,8 @@
 """Corpus rows -> right-padded (prompt + response) batches, and the random block anchors drawn from them.
 
 Anchors are response positions (at serving time the anchor is always a token the verifier produced):
-a in [prompt_len, length − 2], so every block has at least one label. By default every such position
+a in [prompt_len, length − 2], so every block has at least one label (`prompt_anchors` widens training's
+range to [1, length − 2]: more blocks from a small corpus). By default every such position
 anchors a block (all in one pass, as the references do for short sequences); a sampled mode draws a
 few per step from a generator seeded by (seed, step, rank), which re-samples them every epoch, keeps
 runs reproducible and resumable, and gives validation a fixed set (seeded by the batch index).
@@ -36,21 +37,21 @@ def collate_rows(rows: Sequence[tuple[list[int], int]], pad_id: int) -> dict[str
 
 
 def sample_anchors(
-    prompt_lens: Tensor, lengths: Tensor, per_sequence: int | str, generator: torch.Generator
+    first: Tensor, lengths: Tensor, per_sequence: int | str, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:
-    """Anchors per row from [prompt_len, length − 2], sorted: all of them (`per_sequence="all"`) or up to
-    `per_sequence` distinct ones drawn with `generator`.
+    """Anchors per row from [first, length − 2] (`first`: the prompt length, for response anchors),
+    sorted: all of them (`per_sequence="all"`) or up to `per_sequence` distinct ones drawn with `generator`.
 
     Returns anchors (B, N) and anchor_valid (B, N); rows with fewer candidates pad with invalid
     anchors at position 0 (they carry no labels and see no context).
     """
-    candidates = (lengths - 1 - prompt_lens).clamp(min=0)
+    candidates = (lengths - 1 - first).clamp(min=0)
     if per_sequence == "all":
         width = max(1, int(candidates.max()))
         offsets = torch.arange(width)[None]
         valid = offsets < candidates[:, None]
-        return torch.where(valid, prompt_lens[:, None] + offsets, torch.zeros_like(offsets)), valid
-    batch = prompt_lens.shape[0]
+        return torch.where(valid, first[:, None] + offsets, torch.zeros_like(offsets)), valid
+    batch = first.shape[0]
     anchors = torch.zeros((batch, per_sequence), dtype=torch.long)
     valid = torch.zeros((batch, per_sequence), dtype=torch.bool)
     for row in range(batch):
@@ -58,7 +59,7 @@ def sample_anchors(
         if count <= 0:
             continue
         take = min(per_sequence, count)
-        picked = torch.randperm(count, generator=generator)[:take].sort().values + int(prompt_lens[row])
+        picked = torch.randperm(count, generator=generator)[:take].sort().values + int(first[row])
         anchors[row, :take] = picked
         valid[row, :take] = True
     return anchors, valid

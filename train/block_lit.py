@@ -1,8 +1,9 @@
 """LightningModule training the DFlash-style block drafter against the frozen verifier.
 
 Every step: one frozen verifier forward (hidden states for the context features, logits for the
-labels and the agreement metric), the anchors (every response position by default), and one drafter
-forward over all blocks of every sequence with the block attention mask
+labels and the agreement metric; with `cache_verifier_outputs` only on a batch's first visit, the
+outputs are kept and reused every later epoch), the anchors (every response position by default),
+and one drafter forward over all blocks of every sequence with the block attention mask
 (pipeline/drafters/block/model.py: `block_attention_mask`). Labels are the verifier's own predictions (its
 argmax, or its distribution for `fkl`), not the sampled corpus tokens, unless `loss.labels: corpus`.
 
@@ -17,6 +18,7 @@ per-position match rate.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -42,28 +44,53 @@ def anchor_generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(mixed)
 
 
+@dataclass(frozen=True)
+class VerifierTargets:
+    """What block training reads from one frozen verifier forward over a batch.
+
+    `hidden_states` is the verifier's `output_hidden_states` tuple with only the drafter's target layers
+    kept (the others are None: `fuse_target_hidden` never reads them, and a cached batch then holds a
+    fraction of the tuple); `top1` (B, T) its argmax; `logits` (B, T, V) only when the loss needs them (fkl).
+    """
+
+    hidden_states: tuple[Tensor | None, ...]
+    top1: Tensor
+    logits: Tensor | None
+
+
+def verifier_targets(
+    verifier: FrozenVerifier, batch: dict[str, Tensor], drafter: DFlashDraftModel, cfg: BlockDrafterConfig
+) -> VerifierTargets:
+    out = verifier(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+    wanted = {layer_id + 1 for layer_id in drafter.config.target_layer_ids}  # index 0 is the embeddings
+    hidden = tuple(state if index in wanted else None for index, state in enumerate(out.hidden_states))
+    return VerifierTargets(hidden, out.logits.argmax(-1), out.logits if cfg.loss.fkl > 0 else None)
+
+
 def block_signals(
-    drafter: DFlashDraftModel, verifier: FrozenVerifier, batch: dict[str, Tensor], cfg: BlockDrafterConfig,
-    weights: Tensor, generator: torch.Generator,
+    drafter: DFlashDraftModel, targets: VerifierTargets, batch: dict[str, Tensor], cfg: BlockDrafterConfig,
+    weights: Tensor, generator: torch.Generator, embed_tokens: nn.Module, lm_head: nn.Module,
+    prompt_anchors: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
     """(loss, loss terms, top-1 match (B, N, L−1), label_valid (B, N, L−1)) for one batch of blocks.
 
-    One frozen verifier forward gives both the hidden states (context features) and the logits the
-    labels come from: block position k is taught the verifier's prediction for the token at anchor + k,
-    made at position anchor + k − 1 (on a greedy response, exactly the token it would draft there).
+    `targets` come from one frozen verifier forward over the batch: the hidden states (context
+    features) and the logits the labels come from: block position k is taught the verifier's
+    prediction for the token at anchor + k, made at position anchor + k − 1 (on a greedy response,
+    exactly the token it would draft there). `prompt_anchors` also anchors blocks inside the prompt
+    (from position 1: a block needs some context); validation leaves it off so its numbers stay
+    those of response blocks, the only ones serving drafts.
     """
-    out = verifier(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
-    embed_tokens, lm_head, _, _ = verifier_parts(verifier.model)
-    anchors, anchor_valid = sample_anchors(batch["prompt_lens"].cpu(), batch["lengths"].cpu(),
-                                           cfg.anchors_per_sequence, generator)
+    first = torch.ones_like(batch["prompt_lens"]) if prompt_anchors else batch["prompt_lens"]
+    anchors, anchor_valid = sample_anchors(first.cpu(), batch["lengths"].cpu(), cfg.anchors_per_sequence, generator)
     anchors, anchor_valid = anchors.to(batch["input_ids"].device), anchor_valid.to(batch["input_ids"].device)
     block_ids, corpus_labels, label_valid = block_targets(
         batch["input_ids"], batch["lengths"], anchors, anchor_valid, drafter.block_size
     )
-    features = drafter.fuse_target_hidden(out.hidden_states)
+    features = drafter.fuse_target_hidden(targets.hidden_states)
     logits = drafter(features, batch["attention_mask"].bool(), block_ids, anchors, embed_tokens, lm_head)
-    verifier_top1 = at_block_positions(out.logits.argmax(-1), anchors, drafter.block_size)
-    teacher = at_block_positions(out.logits, anchors, drafter.block_size) if cfg.loss.fkl > 0 else None
+    verifier_top1 = at_block_positions(targets.top1, anchors, drafter.block_size)
+    teacher = at_block_positions(targets.logits, anchors, drafter.block_size) if cfg.loss.fkl > 0 else None
     labels = verifier_top1 if cfg.loss.labels == "verifier" else corpus_labels
     trained = label_valid & greedy_chain(corpus_labels, verifier_top1) if cfg.loss.greedy_chain else label_valid
     loss, terms = block_loss(cfg.loss, logits, trained, weights, labels=labels, teacher_logits=teacher)
@@ -179,9 +206,11 @@ def evaluate_blocks(
     drafter.eval()
     weights = position_weights(drafter.block_size, cfg.gamma)
     agreement, loss_sum, seen = BlockAgreement(drafter.block_size - 1), 0.0, 0
+    embed_tokens, lm_head, _, _ = verifier_parts(verifier.model)
     for batch in batches:
         generator = anchor_generator(seed, int(batch["batch_index"]))
-        loss, _, match, valid = block_signals(drafter, verifier, batch, cfg, weights, generator)
+        targets = verifier_targets(verifier, batch, drafter, cfg)
+        loss, _, match, valid = block_signals(drafter, targets, batch, cfg, weights, generator, embed_tokens, lm_head)
         agreement.add(match, valid)
         loss_sum += loss.item()
         seen += 1
@@ -209,6 +238,18 @@ class BlockDistillModule(DrafterModule):
         # (step, simulated τ, decoded τ) of every validation: the τ-vs-steps curve in training.json
         self.history: list[dict] = []
         self._agreement = BlockAgreement(drafter.block_size - 1)
+        self.embed_tokens, self.lm_head, _, _ = verifier_parts(verifier)
+        # (split, batch index) -> that batch's verifier outputs, when cache_verifier_outputs is on: item i
+        # of a BlockBatches is always the same rows, so every epoch after the first reuses the forward.
+        self._verifier_cache: dict[tuple[str, int], VerifierTargets] = {}
+
+    def verifier_targets(self, batch: dict[str, Tensor], split: str) -> VerifierTargets:
+        if not self.cfg.cache_verifier_outputs:
+            return verifier_targets(self.verifier, batch, self.drafter, self.cfg)
+        key = (split, int(batch["batch_index"]))
+        if key not in self._verifier_cache:
+            self._verifier_cache[key] = verifier_targets(self.verifier, batch, self.drafter, self.cfg)
+        return self._verifier_cache[key]
 
     def on_fit_start(self) -> None:
         self.verifier.to(self.device)
@@ -216,7 +257,9 @@ class BlockDistillModule(DrafterModule):
     def training_step(self, batch: dict[str, Tensor], batch_index: int) -> Tensor:
         # Sampled anchors are fresh every step (so every epoch), reproducible across resume and distinct per rank.
         generator = anchor_generator(self.seed, self.global_step, batch_index, self.global_rank)
-        loss, terms, _, label_valid = block_signals(self.drafter, self.verifier, batch, self.cfg, self.weights, generator)
+        loss, terms, _, label_valid = block_signals(self.drafter, self.verifier_targets(batch, "train"), batch, self.cfg,
+                                                    self.weights, generator, self.embed_tokens, self.lm_head,
+                                                    prompt_anchors=self.cfg.prompt_anchors)
         self.tokens_seen += int(label_valid.sum().item())
         size = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=size)
@@ -231,7 +274,8 @@ class BlockDistillModule(DrafterModule):
 
     def validation_step(self, batch: dict[str, Tensor], batch_index: int) -> None:
         generator = anchor_generator(self.seed, int(batch["batch_index"]))
-        loss, _, match, valid = block_signals(self.drafter, self.verifier, batch, self.cfg, self.weights, generator)
+        loss, _, match, valid = block_signals(self.drafter, self.verifier_targets(batch, "validation"), batch, self.cfg,
+                                              self.weights, generator, self.embed_tokens, self.lm_head)
         self._agreement.add(match, valid)
         self.log("val/loss", loss, sync_dist=True, prog_bar=True, batch_size=batch["input_ids"].shape[0])
 
