@@ -390,7 +390,7 @@ class BlockDrafterConfig(Section):
     cache_verifier_outputs: StrictBool = Field(
         False, description="keep each batch's verifier outputs (target-layer hidden states, argmax; logits too for "
         "fkl) after its first forward and reuse them every later epoch: exact, and saves the frozen forward per "
-        "step; costs T·(num_target_layers·hidden + 1) floats per corpus row (T·vocab more with fkl) of memory",
+        "step; costs T·(num_feature_layers·hidden + 1) floats per corpus row (T·vocab more with fkl) of memory",
     )
     # Sized so the demo trains in a few minutes on 2 CPU cores (one verifier + drafter pass per step).
     trainer: TrainerConfig = TrainerConfig(batch_size=8, max_steps=200)

@@ -44,7 +44,10 @@ class Variant:
 
 
 def variants(depth: int, num_feature_layers: int) -> list[Variant]:
-    old = {"loss": {"ce": 1.0, "fkl": 0.0, "labels": "corpus", "greedy_chain": False}, "anchors_per_sequence": 8}
+    # the earlier steps pin what they describe, whatever params.yaml's recipe is now
+    response_anchors = {"anchors_per_sequence": "all", "prompt_anchors": False}
+    old = {"loss": {"ce": 1.0, "fkl": 0.0, "labels": "corpus", "greedy_chain": False}, "anchors_per_sequence": 8,
+           "prompt_anchors": False}
     no_chain = {"labels": "verifier", "greedy_chain": False}
     default_layers = build_target_layer_ids(depth, num_feature_layers)
     with_last = sorted(set(default_layers[:-1] + [depth - 1]))
@@ -53,11 +56,15 @@ def variants(depth: int, num_feature_layers: int) -> list[Variant]:
         Variant("+verifier_labels", "item 1: CE on the verifier's argmax", {**old, "loss": no_chain},
                 "sampled", False),
         Variant("+all_anchors", "item 2: every response position anchors a block",
-                {"loss": no_chain}, "sampled", False),
-        Variant("+norm_init", "item 5: final norm from the verifier", {"loss": no_chain}, "sampled"),
-        Variant("greedy_rows", "item 3: greedy rows only (same row count as sampled)", {"loss": no_chain}, "greedy"),
-        Variant("+greedy_chain", "sampled rows, labels only along the verifier's greedy chain", {}, "sampled"),
-        Variant("default", "item 3: all rows (greedy_share of them greedy) = the new default", {}),
+                {**response_anchors, "loss": no_chain}, "sampled", False),
+        Variant("+norm_init", "item 5: final norm from the verifier", {**response_anchors, "loss": no_chain},
+                "sampled"),
+        Variant("greedy_rows", "item 3: greedy rows only (same row count as sampled)",
+                {**response_anchors, "loss": no_chain}, "greedy"),
+        Variant("+greedy_chain", "sampled rows, labels only along the verifier's greedy chain", response_anchors,
+                "sampled"),
+        Variant("all_rows", "item 3: all rows (greedy_share of them greedy)", response_anchors),
+        Variant("default", "params.yaml's recipe (anchors_per_sequence, prompt_anchors as set there)", {}),
         Variant("no_greedy_chain", "default without masking labels off the verifier's greedy chain",
                 {"loss": {"greedy_chain": False}}),
         Variant("fkl", "forward KL on the verifier's logits instead of argmax CE",
