@@ -34,7 +34,7 @@ from data_prep.verifier import load_verifier, model_location, read_record, verif
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import CorpusConfig, Params, SamplingConfig
-from pipeline.errors import DraftlineError
+from pipeline.integrity import load_pretrained
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
 
@@ -109,11 +109,8 @@ def fingerprint(verifier_hash: str, config: CorpusConfig, items: list[WorkItem])
 
 
 def load_verifier_tokenizer(location: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
-    try:
-        return AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, local_files_only=True)
-    except (OSError, ValueError, KeyError, ImportError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise DraftlineError(f"cannot load the verifier's tokenizer from '{location}' ({first_line})") from None
+    return load_pretrained(AutoTokenizer.from_pretrained, Path(location), "the verifier's tokenizer",
+                           "check verifier.name_or_path", trust_remote_code)
 
 
 # --------------------------------------------------------------------------- shards

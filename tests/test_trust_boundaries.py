@@ -1,0 +1,109 @@
+"""Artifacts the pipeline did not write in this run are untrusted: no foreign code runs, no pickles load."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from data_prep.verifier import write_record
+from pipeline.errors import DraftlineError
+from tests.test_spec_loops import block_model
+from tests.tiny_models import save_tiny_verifier, tiny_qwen3
+
+ROOT = Path(__file__).resolve().parents[1]
+EVIL = """
+from pathlib import Path
+Path({marker!r}).write_text("foreign code ran")
+from transformers import PretrainedConfig, PreTrainedModel
+class EvilConfig(PretrainedConfig):
+    model_type = "evil_arch"
+class EvilModel(PreTrainedModel):
+    config_class = EvilConfig
+"""
+
+
+def plant_evil(directory: Path, marker: Path) -> None:
+    """`config.json` names an unknown model type whose code `evil.py`, in the same directory, provides."""
+    (directory / "evil.py").write_text(EVIL.format(marker=str(marker)))
+    config = json.loads((directory / "config.json").read_text())
+    config.update(model_type="evil_arch", architectures=["EvilModel"],
+                  auto_map={"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"})
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A verifier, and an AR drafter directory with `evil.py` planted in it."""
+    root = tmp_path_factory.mktemp("trust_project")
+    artifacts = root / "artifacts"
+    verifier, tokenizer = save_tiny_verifier(artifacts / "verifier")
+    write_record(artifacts / "verifier", source="bootstrap", name_or_path=str(artifacts / "verifier"), id_prefix="t")
+    drafter_dir = artifacts / "drafters" / "ar"
+    tiny_qwen3(len(tokenizer), num_layers=1, seed=5, eos_token_id=tokenizer.eos_token_id).save_pretrained(drafter_dir)
+    tokenizer.save_pretrained(drafter_dir)
+    plant_evil(drafter_dir, root / "MARKER")
+    (root / "params.yaml").write_text(json.dumps({"evaluate": {"drafters": ["ar"]}}))
+    return root
+
+
+def child_env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+
+
+def test_planted_code_never_runs_through_the_drafter_loaders(project):
+    from pipeline.drafters.ar.model import load_drafter
+    from pipeline.integrity import load_tokenizer
+
+    drafter_dir = project / "artifacts" / "drafters" / "ar"
+    with pytest.raises(DraftlineError, match="auto_map"):
+        load_drafter(drafter_dir)
+    with pytest.raises(DraftlineError, match="auto_map"):
+        load_tokenizer(drafter_dir, "drafter", "retrain it")
+    assert not (project / "MARKER").exists()
+
+
+def test_planted_code_never_runs_from_the_cli_even_when_stdin_answers_yes(project):
+    """transformers asks "Do you wish to run the custom code?" when the flag is left unset."""
+    done = subprocess.run([sys.executable, "-m", "serve_eval.generate", "--params", "params.yaml", "--prompt", "x",
+                           "--drafter", "ar", "--max-new-tokens", "2"], cwd=project, env=child_env(),
+                          input="y\ny\ny\n", capture_output=True, text=True, timeout=300)
+    assert not (project / "MARKER").exists(), done.stderr[-2000:]
+    assert done.returncode != 0
+    err = done.stderr.strip()
+    assert err.startswith("draftline: error: ") and "\n" not in err and "auto_map" in err, err[-2000:]
+
+
+def test_pickled_weights_beside_a_decoy_safetensors_are_refused(tmp_path):
+    from pipeline.drafters.ar.model import load_drafter
+    from pipeline.drafters.block.model import load_drafter as load_block_drafter
+    from pipeline.integrity import safetensors_shapes
+
+    model = tiny_qwen3(64, num_layers=1)
+    model.config.save_pretrained(tmp_path / "ar")
+    torch.save(model.state_dict(), tmp_path / "ar" / "pytorch_model.bin")
+    save_file({"decoy": torch.zeros(1)}, str(tmp_path / "ar" / "decoy.safetensors"))
+    for load in (load_drafter, lambda path: safetensors_shapes(path, "fix")):
+        with pytest.raises(DraftlineError, match=r"pickled weights \(pytorch_model.bin\)"):
+            load(tmp_path / "ar")
+
+    block = block_model(tiny_qwen3(64, num_layers=2), 4)
+    block.save_pretrained(tmp_path / "block")
+    torch.save({}, tmp_path / "block" / "extra.pt")
+    with pytest.raises(DraftlineError, match="extra.pt"):
+        load_block_drafter(tmp_path / "block")
+
+
+def test_verifier_with_auto_map_is_refused_unless_params_trust_it(project, tmp_path):
+    from data_prep.verifier import load_model_and_tokenizer
+
+    verifier_dir = tmp_path / "verifier"
+    save_tiny_verifier(verifier_dir)
+    plant_evil(verifier_dir, tmp_path / "MARKER")
+    with pytest.raises(DraftlineError, match="trust_remote_code is off"):
+        load_model_and_tokenizer(str(verifier_dir))
+    assert not (tmp_path / "MARKER").exists()
