@@ -10,7 +10,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from pipeline.errors import DraftlineError
-from pipeline.lineage import hash_file
+from pipeline.lineage import hash_dir, hash_file
 
 MASK_TOKEN = "<|mask|>"  # the block drafter's mask token, when a tokenizer has no mask_token of its own
 # Weight formats that unpickle (and so can run code) when loaded; only *.safetensors are ever read.
@@ -33,6 +33,15 @@ def verify_manifest(directory: Path, manifest_name: str = "manifest.json") -> No
             raise DraftlineError(
                 f"{path} differs from {manifest_path} (truncated or edited after export); re-run `dvc repro export`"
             )
+
+
+def measured_artifacts(drafter_dir: Path, export_dir: Path) -> dict[str, str | None]:
+    """What a metrics file measured, by content: the trained drafter and the export (its manifest, which
+    holds every exported file's sha256 and the drafter hash it was exported from). Promotion recomputes
+    these and refuses metrics that belong to other artifacts than the ones it registers."""
+    manifest = export_dir / "manifest.json"
+    return {"drafter_sha256": hash_dir(drafter_dir) if drafter_dir.is_dir() else None,
+            "export_manifest_sha256": hash_file(manifest) if manifest.is_file() else None}
 
 
 def refuse_pickled_weights(directory: Path, fix: str) -> None:

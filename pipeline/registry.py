@@ -53,6 +53,7 @@ TAG_KIND = "draftline.kind"
 TAG_STAGE = "draftline.stage"
 TAG_EVAL_KEY = "draftline.eval_key"
 TAG_TRAIN_RUN = "draftline.train_run_id"
+TAG_ARTIFACT = "draftline.artifact_sha256"  # the registered checkpoint's content hash: one version per checkpoint
 TAG_GATE = "gate"  # promoted | rejected | forced
 TAG_GATE_REASONS = "gate.reasons"
 TAG_GATE_DECISION = "gate.decision"  # the full decision as JSON, so a rerun can report it unchanged
@@ -248,8 +249,9 @@ class Registry:
             description=description, model_id=model.model_id,
         )
 
-    def find_version(self, name: str, eval_key: str) -> ModelVersion | None:
-        found = self.client.search_model_versions(f"name = '{name}' and tags.`{TAG_EVAL_KEY}` = '{eval_key}'")
+    def find_version(self, name: str, value: str, tag: str = TAG_EVAL_KEY) -> ModelVersion | None:
+        """The oldest version whose tag `tag` is `value`."""
+        found = self.client.search_model_versions(f"name = '{name}' and tags.`{tag}` = '{value}'")
         return min(found, key=lambda version: int(version.version)) if found else None
 
     def version(self, name: str, version: str) -> ModelVersion:
