@@ -391,3 +391,55 @@ def test_experiment_created_by_training_is_not_taken_for_a_moved_project(tmp_pat
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
         assert ws.promote()["drafters"]["ar"]["promoted"]
+
+
+def _promoted(ws: Workspace) -> dict:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ws.root)
+        return ws.promote()["drafters"]["ar"]
+
+
+def test_metrics_of_other_artifacts_are_refused(tmp_path, tokenizer_dir, capsys):
+    """A drafter retrained after evaluate, an export of another drafter, a changed verifier: refused."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ws = _ready_workspace(tmp_path, store, "bound", tokenizer_dir)
+    ws.write_training("ar", None, verifier_hash=ws.verifier_hash)  # retrained: training.json rewritten
+    (ws.root / "artifacts/drafters/ar/model.safetensors").write_bytes(b"retrained")
+    ar = _promoted(ws)
+    assert ar["decision"] == "refused" and "drafter_sha256" in ar["reasons"][0] and "rerun" in ar["reasons"][0]
+    assert "REFUSED" in capsys.readouterr().err
+    assert Registry(store).models() == []
+
+    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})  # evaluated again, but the export is older
+    manifest = ws.root / "artifacts/export/ar/manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "lineage": {"drafter_hash": "0" * 64}}))
+    # the edited manifest has a new hash: record it, as an evaluation of this export would
+    evaluation = json.loads((ws.root / "metrics/eval.json").read_text())
+    evaluation["drafters"]["ar"].update(ws.measured("ar"))
+    (ws.root / "metrics/eval.json").write_text(json.dumps(evaluation))
+    assert "was exported from drafter 000000000000" in _promoted(ws)["reasons"][0]
+
+    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+    record = ws.root / "artifacts/verifier/verifier.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "hash": "new-verifier"}))
+    assert "verifier is now new-verifier" in _promoted(ws)["reasons"][0]
+
+
+def test_tau_is_bounded_by_the_drafters_own_drafts_per_step(tmp_path, tokenizer_dir):
+    ws = _ready_workspace(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "bounded", tokenizer_dir)
+    (ws.root / "artifacts/export/ar/vllm.json").write_text(json.dumps(
+        {"model": "/v", "speculative_config": {"method": "draft_model", "num_speculative_tokens": 4}}))
+    ws.write_eval({"ar": drafter_eval(20.0, 2.0)})  # k=4 commits at most 5 tokens per verifier forward
+    ar = _promoted(ws)
+    assert not ar["promoted"] and any("outside the possible range [1, 5]" in r for r in ar["reasons"])
+
+
+def test_one_checkpoint_is_one_version(tmp_path, tokenizer_dir):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ws = _ready_workspace(tmp_path, store, "once", tokenizer_dir, tau=2.0)
+    first = _promoted(ws)
+    for tau in (1.5, 3.0):  # the same checkpoint evaluated again with other numbers
+        ws.write_eval({"ar": drafter_eval(tau, tau)})
+        again = _promoted(ws)
+        assert again["already_registered"] and again["version"] == first["version"] == "1"
+    assert len(Registry(store).versions(ws.name("ar"))) == 1
