@@ -34,6 +34,7 @@ from data_prep.verifier import load_verifier, model_location, read_record, verif
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import CorpusConfig, Params, SamplingConfig
+from pipeline.errors import DraftlineError
 from pipeline.integrity import load_pretrained
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
@@ -120,19 +121,38 @@ def shard_path(shard_dir: Path, index: int) -> Path:
     return shard_dir / f"shard-{index:05d}.json"
 
 
-def load_shard(path: Path, key: str, expected_ids: list[str]) -> dict | None:
-    """A committed shard, or None when it is damaged or does not match what this run would write."""
+def _is_token_ids(ids: object, vocab_size: int) -> bool:
+    return isinstance(ids, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids)
+
+
+def row_problem(row: object, item: WorkItem, vocab_size: int, max_new_tokens: int) -> str | None:
+    """Why a generated row cannot be in the corpus (None: it can). Checked before a shard is committed
+    and again when a committed one is reused, so ids a bad server returned never stay."""
+    if not isinstance(row, dict) or row.get("id") != item.id:
+        return f"row for {item.id} is missing"
+    for column in ("prompt_ids", "response_ids"):
+        if not _is_token_ids(row.get(column), vocab_size):
+            return f"{item.id}: {column} are not token ids of the verifier's vocabulary [0, {vocab_size})"
+    if not row["prompt_ids"] or (item.chat_text is None and row["prompt_ids"] != list(item.prompt_ids)):
+        return f"{item.id}: prompt_ids differ from the prompt that was sent"
+    if len(row["response_ids"]) > max_new_tokens + 1:  # + the stop token the corpus keeps
+        return f"{item.id}: {len(row['response_ids'])} response tokens for corpus.max_new_tokens {max_new_tokens}"
+    if row.get("finish_reason") not in ("eos", "length"):
+        return f"{item.id}: finish_reason {row.get('finish_reason')!r} is neither 'eos' nor 'length'"
+    return None
+
+
+def load_shard(path: Path, key: str, items: list[WorkItem], vocab_size: int, max_new_tokens: int) -> dict | None:
+    """A committed shard, or None when it is damaged, holds rows no verifier could have generated, or
+    does not match what this run would write."""
     try:
         shard = json.loads(path.read_text(encoding="utf-8"))
-        valid = shard["fingerprint"] == key and [row["id"] for row in shard["rows"]] == expected_ids
+        valid = (shard["fingerprint"] == key and len(shard["rows"]) == len(items) and not any(
+            row_problem(row, item, vocab_size, max_new_tokens) for row, item in zip(shard["rows"], items)))
     except (OSError, ValueError, KeyError, TypeError):
         valid = False
     return shard if valid else None
-
-
-def read_shard(path: Path, key: str, expected_ids: list[str]) -> list[dict] | None:
-    shard = load_shard(path, key, expected_ids)
-    return None if shard is None else shard["rows"]
 
 
 def item_sampling(config: CorpusConfig, item: WorkItem) -> SamplingConfig:
@@ -166,7 +186,7 @@ def generate_shard(engine: Engine, config: CorpusConfig, items: list[WorkItem], 
 
 
 def generate_all(start_engine, config: CorpusConfig, items: list[WorkItem], shard_dir: Path,
-                 key: str) -> tuple[list[dict], int, list[dict], int]:
+                 key: str, vocab_size: int) -> tuple[list[dict], int, list[dict], int]:
     """Rows for every item, reusing committed shards.
 
     Returns (rows, shards reused, the engines that made the shards, response tokens generated now).
@@ -182,7 +202,7 @@ def generate_all(start_engine, config: CorpusConfig, items: list[WorkItem], shar
     bar = progress(desc="build corpus", total=len(items), unit="prompt")
     for index, shard in enumerate(shards):
         path = shard_path(shard_dir, index)
-        committed = load_shard(path, key, [item.id for item in shard]) if path.exists() else None
+        committed = load_shard(path, key, shard, vocab_size, config.max_new_tokens) if path.exists() else None
         if committed is not None:
             rows.extend(committed["rows"])
             description = committed.get("engine", {"name": "hf"})
@@ -194,6 +214,10 @@ def generate_all(start_engine, config: CorpusConfig, items: list[WorkItem], shar
             engine = engine or start_engine()
             description = engine.describe()
             shard_rows = generate_shard(engine, config, shard, bar)
+            problem = next(filter(None, (row_problem(row, item, vocab_size, config.max_new_tokens)
+                                         for row, item in zip(shard_rows, shard))), None)
+            if problem:
+                raise DraftlineError(f"corpus shard {index} not committed: {problem} ({description['name']} engine)")
             write_json_atomic(path, {"fingerprint": key, "index": index, "engine": description, "rows": shard_rows})
             rows.extend(shard_rows)
             generated_tokens += sum(len(row["response_ids"]) for row in shard_rows)
@@ -287,7 +311,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
             startup_seconds = time.perf_counter() - begin
             return engine
 
-        rows, reused, engines, generated_tokens = generate_all(start_engine, config, items, shard_dir, key)
+        rows, reused, engines, generated_tokens = generate_all(start_engine, config, items, shard_dir, key, len(tokenizer))
         generation_seconds = time.perf_counter() - generation_start - startup_seconds
     stats = corpus_stats(rows)
     stats.update({

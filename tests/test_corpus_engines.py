@@ -60,6 +60,8 @@ class FakeState:
         self.lock = threading.Lock()
         self.in_flight = self.max_in_flight = self.served = 0
         self.bodies: list[tuple[str, dict]] = []
+        self.poison = None  # (reply body) -> what a broken server sends instead
+        self.poison_first = 0  # how many replies get poisoned (then the server is fine again)
 
 
 def fake_handler(state: FakeState):
@@ -103,10 +105,14 @@ def fake_handler(state: FakeState):
             choice = {"index": 0, "token_ids": ids, "finish_reason": "stop" if ids[-1] == tokenizer.eos_token_id else "length"}
             text = tokenizer.decode(ids, skip_special_tokens=True)
             choice.update({"message": {"role": "assistant", "content": text}} if "chat" in self.path else {"text": text})
+            reply = {"choices": [choice], "prompt_token_ids": prompt}
             with state.lock:
                 state.in_flight -= 1
                 state.served += 1
-            self.reply(200, {"choices": [choice], "prompt_token_ids": prompt})
+                if state.poison is not None and state.poison_first > 0:
+                    state.poison_first -= 1
+                    reply = state.poison(reply)
+            self.reply(200, reply)
 
     return Handler
 
@@ -319,6 +325,70 @@ def test_retries_with_backoff_then_a_clear_error_naming_the_endpoint(monkeypatch
     with pytest.raises(EndpointDown, match=f"endpoint {url} is down .*3 attempts") as error:
         engine.generate([Request((5, 6), SamplingConfig(), 4, 0)], lambda n: None)
     assert "\n" not in str(error.value)
+
+
+def _with_ids(ids):
+    def poison(reply):
+        reply["choices"][0]["token_ids"] = ids
+        return reply
+    return poison
+
+
+def _with_prompt(reply):
+    reply["prompt_token_ids"] = [7, 7, 7]
+    return reply
+
+
+@pytest.mark.parametrize("poison, expected", [
+    (_with_ids([5, 10**6]), "outside the verifier's vocabulary"),
+    (_with_ids([-3, 5]), "outside the verifier's vocabulary"),
+    (_with_ids(["5", 6]), "not a list of integer token ids"),
+    (_with_ids([5] * 50), "50 tokens for max_tokens 4"),
+    (_with_prompt, "prompt_token_ids differ from the prompt ids sent"),
+    (lambda reply: [reply], "expected a JSON object"),
+])
+def test_invalid_responses_are_retried_then_refused(monkeypatch, poison, expected):
+    """A server answering nonsense is retried like a failing one, and its answer never comes back."""
+    monkeypatch.setattr(openai_client, "BACKOFF_S", 0.01)
+    tokenizer = tiny_tokenizer()
+    url, state, server = start_fake(tokenizer)
+    try:
+        engine = OpenAIEngine([url], tokenizer, CorpusConfig(engine="openai", endpoints=[url], retries=2),
+                              name="openai")
+        state.poison, state.poison_first = poison, 2  # two bad answers, then a good one
+        [result] = engine.generate([Request((5, 6), SamplingConfig(), 4, 0)], lambda n: None)
+        assert result.prompt_ids == [5, 6] and all(0 <= i < len(tokenizer) for i in result.response_ids)
+        state.poison_first = 10
+        with pytest.raises(DraftlineError, match=f"{url} answered /completions with 3 invalid response") as error:
+            engine.generate([Request((5, 6), SamplingConfig(), 4, 0)], lambda n: None)
+        assert expected in str(error.value) and "\n" not in str(error.value)
+    finally:
+        server.shutdown()
+
+
+def test_a_bad_server_never_commits_a_shard_and_a_poisoned_shard_is_regenerated(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(openai_client, "BACKOFF_S", 0.01)
+    url, state, server = start_fake(chat_tokenizer())
+    try:
+        params = make_project(tmp_path, engine="openai", endpoints=[url], retries=1)
+        state.poison, state.poison_first = _with_ids([5, 10**6]), 10**6
+        assert build_corpus.main(["--params", str(params)]) == 1
+        assert "invalid response" in capsys.readouterr().err
+        shard_root = tmp_path / "artifacts" / "corpus_shards"
+        assert not list(shard_root.rglob("shard-*.json"))  # nothing from the bad server was committed
+
+        state.poison_first = 0  # the server is fixed
+        assert build_corpus.main(["--params", str(params)]) == 0
+        reference = all_rows(params)
+        shard = sorted(shard_root.rglob("shard-*.json"))[0]
+        committed = json.loads(shard.read_text())
+        committed["rows"][0]["response_ids"][0] = 10**6  # poisoned after the fact
+        shard.write_text(json.dumps(committed))
+        assert build_corpus.main(["--params", str(params)]) == 0
+        assert "damaged or stale" in " ".join(capsys.readouterr().err.split())
+        assert all_rows(params) == reference
+    finally:
+        server.shutdown()
 
 
 # --------------------------------------------------------------------------- chat and token exactness

@@ -35,6 +35,28 @@ class EndpointDown(DraftlineError):
     """An endpoint failed every retry."""
 
 
+class InvalidResponse(ValueError):
+    """A well-formed answer whose content cannot be what the verifier generated: retried like a failure,
+    never committed."""
+
+
+def token_ids(value: object, vocab_size: int, what: str) -> list[int]:
+    """`value` as token ids of the verifier's vocabulary, or InvalidResponse saying what is wrong."""
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise InvalidResponse(f"{what} is not a list of integer token ids")
+    outside = [i for i in value if not 0 <= i < vocab_size]
+    if outside:
+        raise InvalidResponse(f"{what} holds {len(outside)} id(s) outside the verifier's vocabulary "
+                              f"[0, {vocab_size}), e.g. {outside[0]}")
+    return value
+
+
+def json_object(value: object) -> dict:
+    if not isinstance(value, dict):
+        raise InvalidResponse(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def server_root(url: str) -> str:
     """`http://host:8000/v1` -> `http://host:8000` (where vLLM serves /health, /version, /tokenize)."""
     url = url.rstrip("/")
@@ -78,12 +100,17 @@ class OpenAIEngine:
 
     # ----------------------------------------------------------------------- HTTP with retries
 
-    def call(self, url: str, path: str, body: dict | None = None) -> dict:
-        """GET (body None) or POST `url + path`; retried with backoff, then EndpointDown naming `url`."""
+    def call(self, url: str, path: str, body: dict | None = None, parse: Callable[[object], object] = json_object):
+        """GET (body None) or POST `url + path`, then `parse` the answer; retried with backoff, then
+        EndpointDown naming `url` (or, when the server kept answering nonsense, an error saying so)."""
         start = time.monotonic()
+        invalid = 0
         for attempt in range(self.retries + 1):
             try:
-                return http_json(url + path, body, self.timeout)
+                return parse(http_json(url + path, body, self.timeout))
+            except InvalidResponse as error:
+                invalid += 1
+                reason = f"invalid response: {error}"
             except urllib.error.HTTPError as error:
                 if error.code not in RETRYABLE_STATUS:
                     raise DraftlineError(
@@ -95,6 +122,11 @@ class OpenAIEngine:
                 reason = str(cause).strip() or type(cause).__name__
             if attempt < self.retries:
                 time.sleep(min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S))
+        if invalid:
+            raise DraftlineError(
+                f"endpoint {url} answered {path} with {invalid} invalid response(s) in {self.retries + 1} attempts "
+                f"(last: {reason}); nothing from it was committed: check that it serves the verifier"
+            )
         raise EndpointDown(
             f"endpoint {url} is down ({reason}; {self.retries + 1} attempts over {time.monotonic() - start:.0f} s); "
             "finished shards are kept: rerun build_corpus when the server is back"
@@ -143,17 +175,36 @@ class OpenAIEngine:
 
     def complete(self, url: str, request: Request) -> Result:
         path, body = self.body(url, request)
-        response = self.call(url, path, body)
+        return self.call(url, path, body, parse=lambda response: self.result(response, request, path, url))
+
+    def result(self, response: object, request: Request, path: str, url: str) -> Result:
+        """The server's answer checked before anything keeps it: ids in the vocabulary, at most
+        `max_tokens` of them, and the prompt it conditioned on equal to the ids sent (a chat prompt's
+        templated ids are the server's to choose)."""
+        response = json_object(response)
         try:
             choice = response["choices"][0]
             text = choice["message"]["content"] if "message" in choice else choice["text"]
             ids, reason = choice.get("token_ids"), choice["finish_reason"]
         except (KeyError, IndexError, TypeError):
             raise DraftlineError(f"endpoint {url} answered {path} without choices[0]; is it OpenAI-compatible?") from None
-        prompt_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids") or list(request.prompt_ids)
+        vocab_size = len(self.tokenizer)
+        prompt_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        if prompt_ids is None:
+            prompt_ids = list(request.prompt_ids)
+        prompt_ids = token_ids(prompt_ids, vocab_size, "prompt_token_ids")
+        if request.chat_text is None and prompt_ids != list(request.prompt_ids):
+            raise InvalidResponse("prompt_token_ids differ from the prompt ids sent")
+        if not prompt_ids:
+            raise InvalidResponse("prompt_token_ids is empty")
+        if text is not None and not isinstance(text, str):
+            raise InvalidResponse("the text is not a string")
         retokenized = ids is None
         if retokenized:
             ids = self.tokenizer(text or "", add_special_tokens=False)["input_ids"]
+        ids = token_ids(ids, vocab_size, "token_ids")
+        if len(ids) > request.max_new_tokens:
+            raise InvalidResponse(f"{len(ids)} tokens for max_tokens {request.max_new_tokens}")
         finish = "length" if reason == "length" else "eos"
         eos = self.tokenizer.eos_token_id
         if finish == "eos" and eos is not None and (not ids or ids[-1] != eos):
