@@ -391,6 +391,33 @@ def test_a_bad_server_never_commits_a_shard_and_a_poisoned_shard_is_regenerated(
         server.shutdown()
 
 
+def test_a_trickling_server_is_cut_off_at_the_request_deadline():
+    """One byte every 0.3 s never trips a per-read socket timeout; the deadline covers the whole request."""
+    import socket as sockets
+
+    listener = sockets.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b" " * 100000:
+                if stop.wait(0.3):
+                    return
+                connection.sendall(bytes([byte]))
+
+    threading.Thread(target=trickle, daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match="no complete answer within 2 s"):
+            openai_client.http_json(f"http://127.0.0.1:{listener.getsockname()[1]}/v1/models", None, 2.0)
+    finally:
+        stop.set()
+        listener.close()
+    assert time.monotonic() - started < 5
+
+
 # --------------------------------------------------------------------------- chat and token exactness
 
 

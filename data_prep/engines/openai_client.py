@@ -11,12 +11,15 @@ ids. A server that returns text only gets its text tokenised here; those rows ar
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import io
 import json
+import socket
 import threading
 import time
 import urllib.error
-import urllib.request
+import urllib.parse
 from collections import deque
 from typing import Callable, Sequence
 
@@ -74,12 +77,40 @@ def _error_message(error: urllib.error.HTTPError) -> str:
     return lines[0][:300] if lines else str(error.code)
 
 
-def http_json(url: str, body: dict | None, timeout: float) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
-                                     method="GET" if body is None else "POST")
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
+def http_json(url: str, body: dict | None, timeout: float) -> object:
+    """`timeout` bounds the whole request, from connecting to the last byte: a socket timeout restarts
+    with every byte received, so a server trickling a byte every few seconds would never be cut off."""
+    parts = urllib.parse.urlsplit(url)
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_class(parts.hostname, parts.port, timeout=timeout)
+    expired = threading.Event()
+
+    def cut_off() -> None:
+        expired.set()
+        with contextlib.suppress(OSError, AttributeError):
+            connection.sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked in another thread
+
+    watchdog = threading.Timer(timeout, cut_off)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        connection.request("GET" if body is None else "POST", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                           body=None if body is None else json.dumps(body).encode(),
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        payload = response.read()
+    except (OSError, http.client.HTTPException):
+        if expired.is_set():
+            raise TimeoutError(f"no complete answer within {timeout:g} s") from None
+        raise
+    finally:
+        watchdog.cancel()
+        connection.close()
+    if expired.is_set():
+        raise TimeoutError(f"no complete answer within {timeout:g} s")
+    if response.status >= 400:
+        raise urllib.error.HTTPError(url, response.status, response.reason, response.headers, io.BytesIO(payload))
+    return json.loads(payload)
 
 
 class OpenAIEngine:
@@ -141,7 +172,8 @@ class OpenAIEngine:
     def _version(self, url: str) -> str:
         """The server's version where it reports one (vLLM: GET /version), else 'unknown'."""
         try:
-            return str(http_json(server_root(url) + "/version", None, min(self.timeout, 10.0)).get("version", "unknown"))
+            answer = json_object(http_json(server_root(url) + "/version", None, min(self.timeout, 10.0)))
+            return str(answer.get("version", "unknown"))
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
             return "unknown"
 
@@ -149,7 +181,7 @@ class OpenAIEngine:
         """Where the server can tokenise (vLLM /tokenize), its ids must equal the verifier tokenizer's."""
         body = {"model": self.models[url], "prompt": TOKENIZER_PROBE, "add_special_tokens": False}
         try:
-            theirs = http_json(server_root(url) + "/tokenize", body, min(self.timeout, 30.0)).get("tokens")
+            theirs = json_object(http_json(server_root(url) + "/tokenize", body, min(self.timeout, 30.0))).get("tokens")
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
             return  # no tokenize route (not vLLM): nothing to compare
         ours = self.tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]
