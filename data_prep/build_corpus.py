@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import shutil
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -64,11 +65,38 @@ class WorkItem:
     chat_text: str | None = None  # a chat prompt's (truncated) user turn, before the template
 
 
+# A chat template is code that came with the verifier: jinja2's sandbox bounds what it can touch, not how
+# long it runs or how much it writes, so rendering one prompt has a deadline and a size cap.
+CHAT_TEMPLATE_TIMEOUT_S = 10.0
+CHAT_TEMPLATE_MAX_CHARS = 1_000_000
+
+
 def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, user_text: str) -> list[int]:
     """The verifier's chat template around one user turn, ready for the assistant's answer."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": user_text}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=False)
-    return list(ids)
+    outcome: list = []
+
+    def render() -> None:
+        try:
+            outcome.append(tokenizer.apply_chat_template([{"role": "user", "content": user_text}],
+                                                         add_generation_prompt=True, tokenize=False))
+        except Exception as error:  # noqa: BLE001 - any template failure becomes the one line below
+            outcome.append(error)
+
+    # a daemon thread: one stuck in a template's loop is abandoned, and dies with the stage
+    thread = threading.Thread(target=render, daemon=True)
+    thread.start()
+    thread.join(CHAT_TEMPLATE_TIMEOUT_S)
+    fix = "fix or remove chat_template in the verifier's tokenizer_config.json, or set chat: false on the source"
+    if not outcome:
+        raise DraftlineError(f"the verifier's chat template did not render within {CHAT_TEMPLATE_TIMEOUT_S:g} s; {fix}")
+    if isinstance(outcome[0], Exception):
+        lines = str(outcome[0]).strip().splitlines()
+        raise DraftlineError(f"the verifier's chat template fails to render "
+                             f"({lines[0] if lines else type(outcome[0]).__name__}); {fix}")
+    if not isinstance(outcome[0], str) or len(outcome[0]) > CHAT_TEMPLATE_MAX_CHARS:
+        raise DraftlineError(f"the verifier's chat template renders over {CHAT_TEMPLATE_MAX_CHARS} characters "
+                             f"for one prompt; {fix}")
+    return list(tokenizer(outcome[0], add_special_tokens=False)["input_ids"])
 
 
 def work_items(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> list[WorkItem]:

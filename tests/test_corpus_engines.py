@@ -449,6 +449,21 @@ def test_chat_prompts_are_sent_as_messages_and_stored_as_templated_ids(tmp_path)
             "/v1/chat/completions" if item.chat_text else "/v1/completions")
 
 
+@pytest.mark.parametrize("template, expected", [
+    ("{% for a in range(100000) %}{% for b in range(100) %}{% endfor %}{% endfor %}", "did not render within"),
+    ("{% for a in range(100000) %}{{ 'x' * 100 }}{% endfor %}", "renders over 1000000 characters"),
+    ("{{ messages.__class__.__mro__ }}", "fails to render"),
+])
+def test_a_hostile_chat_template_is_one_line_not_a_hang(monkeypatch, template, expected):
+    monkeypatch.setattr(build_corpus, "CHAT_TEMPLATE_TIMEOUT_S", 0.2)  # the loop below takes seconds
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = template
+    started = time.monotonic()
+    with pytest.raises(DraftlineError, match=expected) as error:
+        chat_prompt_ids(tokenizer, "hello")
+    assert time.monotonic() - started < 10 and "\n" not in str(error.value)
+
+
 def test_roundtrip_mismatches_count_ids_that_text_would_not_give_back():
     tokenizer = tiny_tokenizer()
     def encode(text: str) -> list[int]:
