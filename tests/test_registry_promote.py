@@ -443,3 +443,22 @@ def test_one_checkpoint_is_one_version(tmp_path, tokenizer_dir):
         again = _promoted(ws)
         assert again["already_registered"] and again["version"] == first["version"] == "1"
     assert len(Registry(store).versions(ws.name("ar"))) == 1
+
+
+def test_manual_promote_without_force_never_rewrites_a_recorded_decision(tmp_path, tokenizer_dir, capsys,
+                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ws = _ready_workspace(tmp_path, store, "manual", tokenizer_dir, tau=1.0)  # below the floors: rejected
+    assert not _promoted(ws)["promoted"]
+    params = yaml.safe_load(ws.params.read_text())
+    params["promote"]["gates"] = {"code": {"min_tau": 1.0, "min_speedup": 1.0}}  # it would pass now
+    ws.params.write_text(yaml.safe_dump(params))
+    registry = Registry(store)
+    decision = registry.version(ws.name("ar"), "1").tags["gate.decision"]
+    capsys.readouterr()
+    assert registry_cli.main(["--params", str(ws.params), "promote", "ar", "1", "--reason", "x"]) == 0
+    assert "already decided 'rejected'" in capsys.readouterr().err
+    version = registry.version(ws.name("ar"), "1")
+    assert version.tags["gate"] == "rejected" and version.tags["gate.decision"] == decision
+    assert registry.alias_version(ws.name("ar"), CHAMPION) is None

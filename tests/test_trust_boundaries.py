@@ -107,3 +107,72 @@ def test_verifier_with_auto_map_is_refused_unless_params_trust_it(project, tmp_p
     with pytest.raises(DraftlineError, match="trust_remote_code is off"):
         load_model_and_tokenizer(str(verifier_dir))
     assert not (tmp_path / "MARKER").exists()
+
+
+# --------------------------------------------------------------------------- MLflow stores, every entry point
+
+
+def _train(tmp_path, uri: str) -> int:
+    from train.stage import main as train_main
+
+    (tmp_path / "params.yaml").write_text(json.dumps({"tracking": {"uri": uri},
+                                                      "project": {"artifacts_dir": str(tmp_path / "artifacts")}}))
+    return train_main(["--params", str(tmp_path / "params.yaml"), "--drafter", "ar"])
+
+
+def test_train_refuses_an_empty_store_instead_of_recreating_it(tmp_path, capsys):
+    database = tmp_path / "mlflow.db"
+    database.write_bytes(b"")
+    assert _train(tmp_path, f"sqlite:///{database}") == 1
+    err = capsys.readouterr().err.strip()
+    assert "is empty (0 bytes)" in err and "\n" not in err
+    assert database.read_bytes() == b""
+
+
+def test_train_fails_fast_on_an_unreachable_tracking_server(tmp_path, capsys):
+    import socket
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    assert _train(tmp_path, f"http://user:s3cret@127.0.0.1:{port}") == 1
+    err = capsys.readouterr().err
+    assert time.monotonic() - started < 30 and "is not reachable" in err
+    assert "s3cret" not in err  # credentials in a URL are never echoed
+
+
+def test_a_foreign_sqlite_file_is_refused_and_left_untouched(tmp_path):
+    import sqlite3
+
+    from pipeline.registry import Registry
+
+    database = tmp_path / "mlflow.db"
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE invoices (id INTEGER)")
+    before = database.read_bytes()
+    with pytest.raises(DraftlineError, match="SQLite database of something else .tables: invoices"):
+        Registry(f"sqlite:///{database}")
+    assert database.read_bytes() == before
+
+
+def test_a_locked_store_is_reported_as_transient_never_as_one_to_discard(tmp_path, monkeypatch):
+    import sqlite3
+
+    from pipeline import tracking
+    from pipeline.registry import Registry
+
+    database = tmp_path / "mlflow.db"
+    Registry(f"sqlite:///{database}")  # a real MLflow store
+    monkeypatch.setattr(tracking, "SQLITE_BUSY_TIMEOUT_S", 0.2)
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(DraftlineError) as error:
+            tracking.check_store(f"sqlite:///{database}")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert "locked" in str(error.value) and "intact" in str(error.value)
+    assert "new, empty registry" not in str(error.value) and "move it away" not in str(error.value)
