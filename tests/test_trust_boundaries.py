@@ -176,3 +176,33 @@ def test_a_locked_store_is_reported_as_transient_never_as_one_to_discard(tmp_pat
         holder.close()
     assert "locked" in str(error.value) and "intact" in str(error.value)
     assert "new, empty registry" not in str(error.value) and "move it away" not in str(error.value)
+
+
+# --------------------------------------------------------------------------- dvc repro keeps the last results
+
+
+def test_a_failing_evaluate_under_dvc_repro_keeps_the_previous_metrics_and_plots(tmp_path):
+    """DVC deletes a stage's declared outputs before running it; evaluate's are uncached, so without
+    `persist` a failed run would lose the last results for good. Runs real DVC on evaluate's own outs."""
+    import shutil
+
+    import yaml
+
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["evaluate"]
+    stage = {"cmd": "python -c \"raise SystemExit('evaluate failed')\"", "metrics": stage["metrics"],
+             "plots": stage["plots"]}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"evaluate": stage}}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"project": {"metrics_dir": "metrics", "plots_dir": "plots"}}))
+    outputs = [next(iter(entry)).replace("${project.metrics_dir}", "metrics").replace("${project.plots_dir}", "plots")
+               for entry in stage["metrics"] + stage["plots"]]
+    for relative in outputs:
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(f"previous {relative}")
+    dvc = shutil.which("dvc", path=str(Path(sys.executable).parent)) or "dvc"
+    env = {**child_env(), "DVC_NO_ANALYTICS": "1"}
+    subprocess.run([dvc, "init", "--no-scm", "-q"], cwd=tmp_path, env=env, check=True, timeout=120)
+    done = subprocess.run([dvc, "repro", "evaluate"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0 and "evaluate failed" in done.stdout + done.stderr
+    for relative in outputs:
+        assert (tmp_path / relative).read_text() == f"previous {relative}"
