@@ -206,3 +206,21 @@ def test_a_failing_evaluate_under_dvc_repro_keeps_the_previous_metrics_and_plots
     assert done.returncode != 0 and "evaluate failed" in done.stdout + done.stderr
     for relative in outputs:
         assert (tmp_path / relative).read_text() == f"previous {relative}"
+
+
+# --------------------------------------------------------------------------- paths
+
+
+@pytest.mark.parametrize("key", ["artifacts_dir", "metrics_dir", "plots_dir"])
+def test_relative_output_dirs_leaving_the_project_are_refused(tmp_path, key):
+    path = tmp_path / "params.yaml"
+    path.write_text(json.dumps({"project": {key: "run/../../../.."}}))
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "params", "check", "--params", str(path)],
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert f"project: {key} 'run/../../../..' leaves the project directory" in done.stderr
+
+    from pipeline.config import parse_params
+
+    assert parse_params({"project": {key: "../elsewhere", "allow_outside": True}})  # said explicitly: allowed
+    assert parse_params({"project": {key: "run/../inside"}})
