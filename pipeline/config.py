@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.errors import ParamsError
+from pipeline.errors import ParamsError, redact_url
 
 # Drafter kinds by name; each has its package under pipeline/drafters/ (registry.py maps name -> kind).
 DrafterName = Literal["ar", "block"]
@@ -259,7 +259,7 @@ class CorpusConfig(Section):
             raise ValueError("corpus.engine is 'openai' but corpus.endpoints is empty; list the servers' base URLs")
         for url in self.endpoints:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"corpus.endpoints: '{url}' is not an http(s) URL")
+                raise ValueError(f"corpus.endpoints: '{redact_url(url)}' is not an http(s) URL")
         return self
 
     @field_validator("max_prompts_per_domain")

@@ -31,7 +31,7 @@ from data_prep.verifier import verifier_identity
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import DRAFTER_NAMES, Params
-from pipeline.errors import DraftlineError
+from pipeline.errors import DraftlineError, redact_url
 from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics, is_finite
 from pipeline.integrity import measured_artifacts, verify_manifest
 from pipeline.lineage import hash_dir, hash_file, read_json
@@ -435,7 +435,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     records.update({kind: {"promoted": False, "decision": "refused", "reasons": [reason]}
                     for kind, reason in refusals.items()})
     report = {
-        "tracking_uri": registry.uri,
+        "tracking_uri": redact_url(registry.uri),
         "experiment": params.tracking.experiment,
         "eval_sha256": evaluation.sha256,
         "drafters": records,
@@ -446,7 +446,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
             console.print(f"{kind}: [bold red]REFUSED[/] (not registered): {record['reasons'][0]}", highlight=False)
         else:
             print_decision(kind, record)
-    console.print(f"MLflow UI: mlflow ui --backend-store-uri {registry.uri}")
+    console.print(f"MLflow UI: mlflow ui --backend-store-uri {redact_url(registry.uri)}")
     return report
 
 

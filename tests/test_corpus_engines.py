@@ -418,6 +418,27 @@ def test_a_trickling_server_is_cut_off_at_the_request_deadline():
     assert time.monotonic() - started < 5
 
 
+def test_endpoint_credentials_are_sent_as_basic_auth_and_never_echoed(monkeypatch):
+    monkeypatch.setattr(openai_client, "BACKOFF_S", 0.01)
+    tokenizer = tiny_tokenizer()
+    url, state, server = start_fake(tokenizer)
+    secret_url = url.replace("http://", "http://user:s3cret@")
+    try:
+        engine = OpenAIEngine([secret_url], tokenizer, CorpusConfig(engine="openai", endpoints=[secret_url],
+                                                                    retries=0), name="openai")
+        assert "s3cret" not in json.dumps(engine.describe())  # recorded in shards and stats.json
+        state.fail_first, state.status = 1, 400
+        with pytest.raises(DraftlineError) as error:
+            engine.generate([Request((5, 6), SamplingConfig(), 4, 0)], lambda n: None)
+        assert "s3cret" not in str(error.value) and "***@127.0.0.1" in str(error.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(EndpointDown) as error:
+        engine.generate([Request((5, 6), SamplingConfig(), 4, 0)], lambda n: None)
+    assert "s3cret" not in str(error.value)
+
+
 # --------------------------------------------------------------------------- chat and token exactness
 
 

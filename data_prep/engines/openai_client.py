@@ -11,6 +11,7 @@ ids. A server that returns text only gets its text tokenised here; those rows ar
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import io
@@ -25,7 +26,7 @@ from typing import Callable, Sequence
 
 from data_prep.engines import Request, Result
 from pipeline.config import CorpusConfig
-from pipeline.errors import DraftlineError
+from pipeline.errors import DraftlineError, redact_url
 
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 BACKOFF_S = 1.0  # first retry waits this long, each next one twice as long
@@ -83,6 +84,10 @@ def http_json(url: str, body: dict | None, timeout: float) -> object:
     parts = urllib.parse.urlsplit(url)
     connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     connection = connection_class(parts.hostname, parts.port, timeout=timeout)
+    headers = {"Content-Type": "application/json"}
+    if parts.username is not None:  # `http://user:token@host/v1`: sent as HTTP basic auth, never printed
+        credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
     expired = threading.Event()
 
     def cut_off() -> None:
@@ -96,7 +101,7 @@ def http_json(url: str, body: dict | None, timeout: float) -> object:
     try:
         connection.request("GET" if body is None else "POST", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
                            body=None if body is None else json.dumps(body).encode(),
-                           headers={"Content-Type": "application/json"})
+                           headers=headers)
         response = connection.getresponse()
         payload = response.read()
     except (OSError, http.client.HTTPException):
@@ -121,7 +126,7 @@ class OpenAIEngine:
         self.models = {url: self._served_model(url) for url in self.urls}
         versions = sorted({self._version(url) for url in self.urls})
         self.settings = {"name": name, "version": versions[0] if len(versions) == 1 else versions,
-                         "endpoints": self.urls, "models": sorted(set(self.models.values())),
+                         "endpoints": [redact_url(url) for url in self.urls], "models": sorted(set(self.models.values())),
                          "concurrency_per_endpoint": self.concurrency}
         for url in self.urls:
             self._check_tokenizer(url)
@@ -145,7 +150,7 @@ class OpenAIEngine:
             except urllib.error.HTTPError as error:
                 if error.code not in RETRYABLE_STATUS:
                     raise DraftlineError(
-                        f"endpoint {url} rejected {path} (HTTP {error.code}: {_error_message(error)})"
+                        f"endpoint {redact_url(url)} rejected {path} (HTTP {error.code}: {_error_message(error)})"
                     ) from None
                 reason = f"HTTP {error.code}"
             except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as error:
@@ -155,18 +160,18 @@ class OpenAIEngine:
                 time.sleep(min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S))
         if invalid:
             raise DraftlineError(
-                f"endpoint {url} answered {path} with {invalid} invalid response(s) in {self.retries + 1} attempts "
+                f"endpoint {redact_url(url)} answered {path} with {invalid} invalid response(s) in {self.retries + 1} attempts "
                 f"(last: {reason}); nothing from it was committed: check that it serves the verifier"
             )
         raise EndpointDown(
-            f"endpoint {url} is down ({reason}; {self.retries + 1} attempts over {time.monotonic() - start:.0f} s); "
+            f"endpoint {redact_url(url)} is down ({reason}; {self.retries + 1} attempts over {time.monotonic() - start:.0f} s); "
             "finished shards are kept: rerun build_corpus when the server is back"
         )
 
     def _served_model(self, url: str) -> str:
         models = self.call(url, "/models").get("data") or []
         if not models:
-            raise DraftlineError(f"endpoint {url} serves no model (GET {url}/models is empty)")
+            raise DraftlineError(f"endpoint {redact_url(url)} serves no model (GET {redact_url(url)}/models is empty)")
         return models[0]["id"]
 
     def _version(self, url: str) -> str:
@@ -187,7 +192,7 @@ class OpenAIEngine:
         ours = self.tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]
         if theirs is not None and list(theirs) != list(ours):
             raise DraftlineError(
-                f"endpoint {url} serves '{self.models[url]}', whose tokenizer differs from the verifier's; "
+                f"endpoint {redact_url(url)} serves '{self.models[url]}', whose tokenizer differs from the verifier's; "
                 "corpus.endpoints must serve the verifier"
             )
 
@@ -219,7 +224,8 @@ class OpenAIEngine:
             text = choice["message"]["content"] if "message" in choice else choice["text"]
             ids, reason = choice.get("token_ids"), choice["finish_reason"]
         except (KeyError, IndexError, TypeError):
-            raise DraftlineError(f"endpoint {url} answered {path} without choices[0]; is it OpenAI-compatible?") from None
+            raise DraftlineError(f"endpoint {redact_url(url)} answered {path} without choices[0]; "
+                                 "is it OpenAI-compatible?") from None
         vocab_size = len(self.tokenizer)
         prompt_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
         if prompt_ids is None:
