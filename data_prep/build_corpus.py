@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import shutil
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import CorpusConfig, Params, SamplingConfig
 from pipeline.errors import DraftlineError
+from pipeline.integrity import load_pretrained
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
 
@@ -63,11 +65,38 @@ class WorkItem:
     chat_text: str | None = None  # a chat prompt's (truncated) user turn, before the template
 
 
+# A chat template is code that came with the verifier: jinja2's sandbox bounds what it can touch, not how
+# long it runs or how much it writes, so rendering one prompt has a deadline and a size cap.
+CHAT_TEMPLATE_TIMEOUT_S = 10.0
+CHAT_TEMPLATE_MAX_CHARS = 1_000_000
+
+
 def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, user_text: str) -> list[int]:
     """The verifier's chat template around one user turn, ready for the assistant's answer."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": user_text}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=False)
-    return list(ids)
+    outcome: list = []
+
+    def render() -> None:
+        try:
+            outcome.append(tokenizer.apply_chat_template([{"role": "user", "content": user_text}],
+                                                         add_generation_prompt=True, tokenize=False))
+        except Exception as error:  # noqa: BLE001 - any template failure becomes the one line below
+            outcome.append(error)
+
+    # a daemon thread: one stuck in a template's loop is abandoned, and dies with the stage
+    thread = threading.Thread(target=render, daemon=True)
+    thread.start()
+    thread.join(CHAT_TEMPLATE_TIMEOUT_S)
+    fix = "fix or remove chat_template in the verifier's tokenizer_config.json, or set chat: false on the source"
+    if not outcome:
+        raise DraftlineError(f"the verifier's chat template did not render within {CHAT_TEMPLATE_TIMEOUT_S:g} s; {fix}")
+    if isinstance(outcome[0], Exception):
+        lines = str(outcome[0]).strip().splitlines()
+        raise DraftlineError(f"the verifier's chat template fails to render "
+                             f"({lines[0] if lines else type(outcome[0]).__name__}); {fix}")
+    if not isinstance(outcome[0], str) or len(outcome[0]) > CHAT_TEMPLATE_MAX_CHARS:
+        raise DraftlineError(f"the verifier's chat template renders over {CHAT_TEMPLATE_MAX_CHARS} characters "
+                             f"for one prompt; {fix}")
+    return list(tokenizer(outcome[0], add_special_tokens=False)["input_ids"])
 
 
 def work_items(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> list[WorkItem]:
@@ -109,11 +138,8 @@ def fingerprint(verifier_hash: str, config: CorpusConfig, items: list[WorkItem])
 
 
 def load_verifier_tokenizer(location: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
-    try:
-        return AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, local_files_only=True)
-    except (OSError, ValueError, KeyError, ImportError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise DraftlineError(f"cannot load the verifier's tokenizer from '{location}' ({first_line})") from None
+    return load_pretrained(AutoTokenizer.from_pretrained, Path(location), "the verifier's tokenizer",
+                           "check verifier.name_or_path", trust_remote_code)
 
 
 # --------------------------------------------------------------------------- shards
@@ -123,19 +149,38 @@ def shard_path(shard_dir: Path, index: int) -> Path:
     return shard_dir / f"shard-{index:05d}.json"
 
 
-def load_shard(path: Path, key: str, expected_ids: list[str]) -> dict | None:
-    """A committed shard, or None when it is damaged or does not match what this run would write."""
+def _is_token_ids(ids: object, vocab_size: int) -> bool:
+    return isinstance(ids, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids)
+
+
+def row_problem(row: object, item: WorkItem, vocab_size: int, max_new_tokens: int) -> str | None:
+    """Why a generated row cannot be in the corpus (None: it can). Checked before a shard is committed
+    and again when a committed one is reused, so ids a bad server returned never stay."""
+    if not isinstance(row, dict) or row.get("id") != item.id:
+        return f"row for {item.id} is missing"
+    for column in ("prompt_ids", "response_ids"):
+        if not _is_token_ids(row.get(column), vocab_size):
+            return f"{item.id}: {column} are not token ids of the verifier's vocabulary [0, {vocab_size})"
+    if not row["prompt_ids"] or (item.chat_text is None and row["prompt_ids"] != list(item.prompt_ids)):
+        return f"{item.id}: prompt_ids differ from the prompt that was sent"
+    if len(row["response_ids"]) > max_new_tokens + 1:  # + the stop token the corpus keeps
+        return f"{item.id}: {len(row['response_ids'])} response tokens for corpus.max_new_tokens {max_new_tokens}"
+    if row.get("finish_reason") not in ("eos", "length"):
+        return f"{item.id}: finish_reason {row.get('finish_reason')!r} is neither 'eos' nor 'length'"
+    return None
+
+
+def load_shard(path: Path, key: str, items: list[WorkItem], vocab_size: int, max_new_tokens: int) -> dict | None:
+    """A committed shard, or None when it is damaged, holds rows no verifier could have generated, or
+    does not match what this run would write."""
     try:
         shard = json.loads(path.read_text(encoding="utf-8"))
-        valid = shard["fingerprint"] == key and [row["id"] for row in shard["rows"]] == expected_ids
+        valid = (shard["fingerprint"] == key and len(shard["rows"]) == len(items) and not any(
+            row_problem(row, item, vocab_size, max_new_tokens) for row, item in zip(shard["rows"], items)))
     except (OSError, ValueError, KeyError, TypeError):
         valid = False
     return shard if valid else None
-
-
-def read_shard(path: Path, key: str, expected_ids: list[str]) -> list[dict] | None:
-    shard = load_shard(path, key, expected_ids)
-    return None if shard is None else shard["rows"]
 
 
 def item_sampling(config: CorpusConfig, item: WorkItem) -> SamplingConfig:
@@ -169,7 +214,7 @@ def generate_shard(engine: Engine, config: CorpusConfig, items: list[WorkItem], 
 
 
 def generate_all(start_engine, config: CorpusConfig, items: list[WorkItem], shard_dir: Path,
-                 key: str) -> tuple[list[dict], int, list[dict], int]:
+                 key: str, vocab_size: int) -> tuple[list[dict], int, list[dict], int]:
     """Rows for every item, reusing committed shards.
 
     Returns (rows, shards reused, the engines that made the shards, response tokens generated now).
@@ -185,7 +230,7 @@ def generate_all(start_engine, config: CorpusConfig, items: list[WorkItem], shar
     bar = progress(desc="build corpus", total=len(items), unit="prompt")
     for index, shard in enumerate(shards):
         path = shard_path(shard_dir, index)
-        committed = load_shard(path, key, [item.id for item in shard]) if path.exists() else None
+        committed = load_shard(path, key, shard, vocab_size, config.max_new_tokens) if path.exists() else None
         if committed is not None:
             rows.extend(committed["rows"])
             description = committed.get("engine", {"name": "hf"})
@@ -197,6 +242,10 @@ def generate_all(start_engine, config: CorpusConfig, items: list[WorkItem], shar
             engine = engine or start_engine()
             description = engine.describe()
             shard_rows = generate_shard(engine, config, shard, bar)
+            problem = next(filter(None, (row_problem(row, item, vocab_size, config.max_new_tokens)
+                                         for row, item in zip(shard_rows, shard))), None)
+            if problem:
+                raise DraftlineError(f"corpus shard {index} not committed: {problem} ({description['name']} engine)")
             write_json_atomic(path, {"fingerprint": key, "index": index, "engine": description, "rows": shard_rows})
             rows.extend(shard_rows)
             generated_tokens += sum(len(row["response_ids"]) for row in shard_rows)
@@ -290,7 +339,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
             startup_seconds = time.perf_counter() - begin
             return engine
 
-        rows, reused, engines, generated_tokens = generate_all(start_engine, config, items, shard_dir, key)
+        rows, reused, engines, generated_tokens = generate_all(start_engine, config, items, shard_dir, key, len(tokenizer))
         generation_seconds = time.perf_counter() - generation_start - startup_seconds
     stats = corpus_stats(rows)
     stats.update({

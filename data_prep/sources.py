@@ -87,8 +87,11 @@ def stdlib_text_prompts() -> Iterator[str]:
 
 
 def read_records(path: Path) -> list[dict]:
-    if not path.is_file():
+    if not path.exists():
         raise DraftlineError(f"prompt file {path} not found; fix corpus.sources[].path")
+    if not path.is_file():  # a FIFO or device would block or stream forever
+        what = "a directory" if path.is_dir() else "not a regular file (a FIFO, socket or device)"
+        raise DraftlineError(f"prompt file {path} is {what}; point corpus.sources[].path at a .json/.jsonl/.parquet file")
     name = path.name.lower()
     try:
         if name.endswith(".parquet"):
@@ -144,11 +147,12 @@ def field_value(record: object, field: str) -> object:
 def map_records(records: Iterable[dict], config: PromptSourceConfig, origin: str) -> list[Prompt]:
     records = list(records)
     prompts = []
-    skipped = 0
+    skipped = empty = 0
     for record in records:
         text = field_value(record, config.prompt_field)
         if not isinstance(text, str) or not text.strip():
             skipped += 1
+            empty += isinstance(text, str)
             continue
         domain = config.domain
         if config.domain_field:
@@ -161,6 +165,9 @@ def map_records(records: Iterable[dict], config: PromptSourceConfig, origin: str
         prompts.append(Prompt(text, domain, origin, config.chat))
     if records and not prompts:
         keys = sorted(records[0].keys()) if isinstance(records[0], dict) else []
+        if empty:
+            raise DraftlineError(f"{origin}: every '{config.prompt_field}' is empty or whitespace ({empty} of "
+                                 f"{len(records)} records); fill them in or point prompt_field at another field")
         raise DraftlineError(
             f"{origin}: no record has a text field '{config.prompt_field}' (fields: {keys}); fix prompt_field"
         )

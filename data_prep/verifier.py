@@ -15,7 +15,7 @@ from transformers.utils import logging as transformers_logging
 
 from pipeline.atomic import write_json_atomic
 from pipeline.errors import DraftlineError
-from pipeline.integrity import safetensors_shapes
+from pipeline.integrity import check_loadable_dir, safetensors_shapes
 from pipeline.lineage import hash_dir
 from pipeline.paths import ArtifactPaths
 
@@ -66,7 +66,9 @@ def load_model_and_tokenizer(
     """Local files only, safetensors only; the model comes back frozen in eval mode."""
     transformers_logging.disable_progress_bar()  # weight-loading bars would drown the stage's own
     if Path(location).is_dir():  # a truncated weights file is one line here, not a loader traceback
-        safetensors_shapes(Path(location), "restore the verifier's files (or re-run `dvc repro bootstrap_verifier`)")
+        fix = "restore the verifier's files (or re-run `dvc repro bootstrap_verifier`)"
+        check_loadable_dir(Path(location), fix, trust_remote_code)
+        safetensors_shapes(Path(location), fix)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             location, dtype=_DTYPES[dtype], use_safetensors=True,

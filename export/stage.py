@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import AutoTokenizer
 
 from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier, model_location, read_record, verifier_identity
@@ -27,7 +26,7 @@ from pipeline.drafters.kind import DrafterKind, OnnxExport, OnnxJob
 from pipeline.drafters.onnx_io import MANIFEST_NAME, ParityReport, export_onnx, ort_session, run_session, with_float_dtype
 from pipeline.drafters.registry import KINDS
 from pipeline.errors import DraftlineError
-from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer
+from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer, load_tokenizer
 from pipeline.lineage import git_commit, hash_dir, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
@@ -94,7 +93,8 @@ def export_serving(kind: DrafterKind, drafter_dir: Path, out: Path, target: Path
     serving_dir = out / serving.SERVING_DIR
     serving.copy_checkpoint(drafter_dir, serving_dir)
     config = kind.serving_layout(serving_dir)
-    check_same_tokenizer(verifier_tok, AutoTokenizer.from_pretrained(serving_dir), f"{kind.name} drafter")
+    what = f"{kind.name} drafter"
+    check_same_tokenizer(verifier_tok, load_tokenizer(serving_dir, what, f"retrain it (`dvc repro train_{kind.name}`)"), what)
     launch = kind.launch(config, verifier, (target / serving.SERVING_DIR).resolve(), drafter_dir)
     write_text_atomic(out / serving.LAUNCH_NAME, launch.markdown)
     write_json_atomic(out / serving.VLLM_NAME, serving.vllm_job(verifier, launch))

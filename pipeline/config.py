@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Literal, Optional, Union, get_args
 
@@ -23,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.errors import ParamsError
+from pipeline.errors import ParamsError, redact_url
 
 # Drafter kinds by name; each has its package under pipeline/drafters/ (registry.py maps name -> kind).
 DrafterName = Literal["ar", "block"]
@@ -55,6 +56,8 @@ class ProjectConfig(Section):
     plots_dir: str = "plots"
     # Stages replace their output directories wholesale, so a typo like `/etc` must not be obeyed.
     allow_system_dirs: StrictBool = False
+    # A relative dir climbing out of the project (`../../..`) is a typo far more often than a plan.
+    allow_outside: StrictBool = False
 
     @model_validator(mode="after")
     def _no_system_dirs(self) -> "ProjectConfig":
@@ -65,6 +68,18 @@ class ProjectConfig(Section):
                 raise ValueError(
                     f"{name} '{path}' is a top-level system directory; use a path inside the project, "
                     "or set project.allow_system_dirs: true if you mean it"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _relative_dirs_stay_inside(self) -> "ProjectConfig":
+        if self.allow_outside:
+            return self
+        for name, path in self.output_dirs().items():
+            if not path.is_absolute() and os.path.normpath(path).split(os.sep)[0] == os.pardir:
+                raise ValueError(
+                    f"{name} '{path}' leaves the project directory; use a path inside it (or an absolute path), "
+                    "or set project.allow_outside: true if you mean it"
                 )
         return self
 
@@ -244,7 +259,7 @@ class CorpusConfig(Section):
             raise ValueError("corpus.engine is 'openai' but corpus.endpoints is empty; list the servers' base URLs")
         for url in self.endpoints:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"corpus.endpoints: '{url}' is not an http(s) URL")
+                raise ValueError(f"corpus.endpoints: '{redact_url(url)}' is not an http(s) URL")
         return self
 
     @field_validator("max_prompts_per_domain")

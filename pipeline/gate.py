@@ -21,6 +21,7 @@ GATED_METRICS = ("tau", "speedup")
 # Recorded next to the gated ones so a version's tags describe it fully; never gated.
 REPORTED_METRICS = ("tau", "speedup", "acceptance_rate", "tokens_per_s", "baseline_tokens_per_s")
 # The most a verifier forward can commit: 63 drafts of the largest block (64) plus the bonus token.
+# A drafter's own bound (its drafts per step plus the bonus token) travels as the metric `max_tau`.
 MAX_TAU = 64.0
 # Plausible ranges (inclusive); speedup cannot beat tokens committed per verifier forward by much.
 PLAUSIBLE_RANGES = {
@@ -125,8 +126,12 @@ def _lossless_check(candidate: Mapping[str, float]) -> Comparison:
 def _range_failures(candidate: Mapping[str, float]) -> list[Comparison]:
     """Only the failures: a plausible value adds nothing to the report."""
     failures = []
+    own_max = candidate.get("max_tau", math.nan)
     for metric, value in sorted(candidate.items()):
-        low, high = PLAUSIBLE_RANGES.get(metric.rpartition(".")[2], (-math.inf, math.inf))
+        name = metric.rpartition(".")[2]
+        low, high = PLAUSIBLE_RANGES.get(name, (-math.inf, math.inf))
+        if name == "tau" and is_finite(own_max):
+            high = min(high, own_max)
         if is_finite(value) and not low <= value <= high:
             failures.append(Comparison("range", metric, value, high if value > high else low, False,
                                        f"{metric} {value:.4g} is outside the possible range [{low:g}, {high:g}]"))

@@ -7,12 +7,15 @@ import json
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from pipeline.errors import DraftlineError
-from pipeline.lineage import hash_file
+from pipeline.lineage import hash_dir, hash_file
 
 MASK_TOKEN = "<|mask|>"  # the block drafter's mask token, when a tokenizer has no mask_token of its own
+# Weight formats that unpickle (and so can run code) when loaded; only *.safetensors are ever read.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+_CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
 
 
 def verify_manifest(directory: Path, manifest_name: str = "manifest.json") -> None:
@@ -32,8 +35,61 @@ def verify_manifest(directory: Path, manifest_name: str = "manifest.json") -> No
             )
 
 
+def measured_artifacts(drafter_dir: Path, export_dir: Path) -> dict[str, str | None]:
+    """What a metrics file measured, by content: the trained drafter and the export (its manifest, which
+    holds every exported file's sha256 and the drafter hash it was exported from). Promotion recomputes
+    these and refuses metrics that belong to other artifacts than the ones it registers."""
+    manifest = export_dir / "manifest.json"
+    return {"drafter_sha256": hash_dir(drafter_dir) if drafter_dir.is_dir() else None,
+            "export_manifest_sha256": hash_file(manifest) if manifest.is_file() else None}
+
+
+def refuse_pickled_weights(directory: Path, fix: str) -> None:
+    """Pickled weights execute code when unpickled, and from_pretrained may load them instead of the
+    *.safetensors that the header checks read."""
+    directory = Path(directory)
+    pickles = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*")
+                     if p.suffix.lower() in PICKLE_SUFFIXES and p.is_file())
+    if pickles:
+        raise DraftlineError(f"{directory} holds pickled weights ({', '.join(pickles)}), which can run code when "
+                             f"loaded; only *.safetensors are loaded: remove them or convert to safetensors; {fix}")
+
+
+def check_loadable_dir(directory: Path, fix: str, trust_remote_code: bool = False) -> None:
+    """The gate before transformers reads any model or tokenizer directory: no pickles, and no `auto_map`
+    (Python files in the directory that transformers would import) unless the user's params trust them."""
+    directory = Path(directory)
+    refuse_pickled_weights(directory, fix)
+    if trust_remote_code:
+        return
+    for name in _CODE_CONFIGS:
+        try:
+            config = json.loads((directory / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # absent or unreadable: the loader itself reports it
+        if isinstance(config, dict) and config.get("auto_map"):
+            raise DraftlineError(f"{directory / name} asks to run the directory's own Python code (auto_map "
+                                 f"{json.dumps(config['auto_map'])}) and trust_remote_code is off; {fix}")
+
+
+def load_pretrained(load, directory: Path, what: str, fix: str, trust_remote_code: bool = False, **kwargs):
+    """`load(directory)` (a `from_pretrained`) behind `check_loadable_dir`, local files only, the remote-code
+    flag always explicit (never an interactive prompt); loader errors become one line."""
+    check_loadable_dir(directory, fix, trust_remote_code)
+    try:
+        return load(str(directory), trust_remote_code=trust_remote_code, local_files_only=True, **kwargs)
+    except (OSError, ValueError, KeyError, ImportError, TypeError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DraftlineError(f"{what}: cannot load {directory} ({first_line}); {fix}") from None
+
+
+def load_tokenizer(directory: Path, what: str, fix: str) -> PreTrainedTokenizerBase:
+    return load_pretrained(AutoTokenizer.from_pretrained, directory, what, fix)
+
+
 def safetensors_shapes(directory: Path, fix: str) -> dict[str, list[int]]:
     """Tensor name -> shape from the headers of every `*.safetensors` file (no weights are read)."""
+    refuse_pickled_weights(directory, fix)
     shapes: dict[str, list[int]] = {}
     files = sorted(directory.glob("*.safetensors"))
     if not files:

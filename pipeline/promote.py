@@ -4,9 +4,13 @@ For each drafter in `metrics/eval.json`: one MLflow run (child of its training r
 in the same experiment) holding the evaluation metrics, inputs and the serving checkpoint as a logged
 model, registered as a new version of `<prefix>-<verifier id>-<kind>`. The gate decides whether the
 `champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint hash), so rerunning on the
-same evaluation finds the version it registered before and changes nothing.
+same evaluation finds the version it registered before and changes nothing; a checkpoint already
+registered with other metrics is not registered again.
+Metrics are bound to artifacts: eval.json and serving.json record the hashes of the drafter, export and
+verifier they measured, and a drafter whose files hash differently now is refused before registration.
 With `serve_check.required` (the default) a drafter whose stage `serve_check` did not pass (it did not
-load in vLLM, its outputs differed, or it was skipped) is refused before registration.
+load in vLLM, its outputs differed, or it was skipped) is refused too; pass/fail is rederived from the
+recorded outputs and τ, not read from the recorded status.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,18 +27,20 @@ from typing import Sequence
 import yaml
 from rich.table import Table
 
+from data_prep.verifier import verifier_identity
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import DRAFTER_NAMES, Params
-from pipeline.errors import DraftlineError
-from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics
-from pipeline.integrity import verify_manifest
+from pipeline.errors import DraftlineError, redact_url
+from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics, is_finite
+from pipeline.integrity import measured_artifacts, verify_manifest
 from pipeline.lineage import hash_dir, hash_file, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
 from pipeline.registry import (
     CHAMPION,
     PREVIOUS_CHAMPION,
+    TAG_ARTIFACT,
     TAG_EVAL_KEY,
     TAG_GATE,
     TAG_GATE_DECISION,
@@ -196,7 +203,7 @@ def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluati
     training = load_training(paths, kind, evaluation)
     lineage = training.get("lineage") or {}
     drafter_eval = evaluation.drafters[kind]
-    metrics = gate_metrics(drafter_eval)
+    metrics = {**gate_metrics(drafter_eval), "max_tau": max_tau(paths, kind)}
     experiment_id = registry.experiment_id(params.tracking.experiment)
     train_run_id = training.get("mlflow_run_id")
     train_run = registry.find_run(train_run_id)
@@ -206,7 +213,7 @@ def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluati
         TAG_EVAL_KEY: eval_key,
         "draftline.source": source,
         "draftline.source_path": str(checkpoint),
-        "draftline.artifact_sha256": artifact_hash,
+        TAG_ARTIFACT: artifact_hash,
         "draftline.eval_sha256": evaluation.sha256,
         "draftline.backend": str(drafter_eval.get("backend", "unknown")),
         TAG_TRAIN_RUN: str(train_run_id or "none"),
@@ -273,7 +280,7 @@ def promote_drafter(registry: Registry, params: Params, paths: ArtifactPaths, ev
     artifact_hash = hash_dir(checkpoint)
     eval_key = hashlib.sha256(f"{evaluation.sha256}:{kind}:{artifact_hash}".encode()).hexdigest()[:32]
 
-    existing = registry.find_version(name, eval_key)
+    existing = registry.find_version(name, eval_key) or registry.find_version(name, artifact_hash, TAG_ARTIFACT)
     if existing is not None and TAG_GATE_DECISION in existing.tags:
         decision = GateDecision.from_dict(json.loads(existing.tags[TAG_GATE_DECISION]))
         return _version_record(registry, name, str(existing.version), decision, already_registered=True)
@@ -285,20 +292,104 @@ def promote_drafter(registry: Registry, params: Params, paths: ArtifactPaths, ev
     return _version_record(registry, name, version, decision, already_registered=existing is not None)
 
 
-def serve_check_refusals(params: Params, paths: ArtifactPaths, kinds: list[str]) -> dict[str, str]:
-    """kind -> why promotion refuses it: `serve_check.required` and its serve_check did not pass."""
+def max_tau(paths: ArtifactPaths, kind: str) -> float:
+    """The most tokens one verifier forward can commit with this drafter: its drafts per step, as the
+    export serves it (`vllm.json`, covered by the verified manifest), plus the bonus token. Without an
+    export only the global bound applies."""
+    path = paths.export(kind) / "vllm.json"
+    drafts = (read_json(path).get("speculative_config") or {}).get("num_speculative_tokens") if path.is_file() else None
+    return float(drafts) + 1 if is_finite(drafts) and drafts >= 1 else math.nan
+
+
+def _short(digest: object) -> str:
+    return str(digest)[:12] if digest else "none"
+
+
+def unbound_reason(source: str, recorded: dict, recorded_verifier: object, now: dict, verifier_hash: str) -> str | None:
+    """Why metrics recorded in `source` were not measured on the artifacts promotion would register."""
+    if recorded_verifier != verifier_hash:
+        return (f"{source} was measured with verifier {_short(recorded_verifier)}, the verifier is now "
+                f"{_short(verifier_hash)}; rerun `dvc repro`")
+    for key, value in now.items():
+        if recorded.get(key) != value:
+            return (f"{source} measured {key} {_short(recorded.get(key))}, the files are now {_short(value)} "
+                    f"(changed after it ran); rerun `dvc repro`")
+    return None
+
+
+def binding_refusals(paths: ArtifactPaths, evaluation: Evaluation, serving: dict | None,
+                     kinds: list[str]) -> dict[str, str]:
+    """kind -> why its metrics do not belong to the checkpoint promotion would register (recomputed now)."""
+    verifier_hash = verifier_identity(paths)["hash"]
+    refusals = {}
+    for kind in kinds:
+        now = measured_artifacts(paths.drafter(kind), paths.export(kind))
+        manifest = paths.export(kind) / "manifest.json"
+        exported_from = ((read_json(manifest).get("lineage") or {}).get("drafter_hash")
+                         if manifest.is_file() else now["drafter_sha256"])
+        reason = unbound_reason("metrics/eval.json", evaluation.drafters[kind], evaluation.verifier_hash, now,
+                                verifier_hash)
+        if reason is None and serving is not None:
+            reason = unbound_reason("metrics/serving.json", (serving.get("drafters") or {}).get(kind) or {},
+                                    serving.get("verifier_hash"), now, verifier_hash)
+        if reason is None and exported_from != now["drafter_sha256"]:
+            reason = (f"{paths.export(kind)} was exported from drafter {_short(exported_from)}, not from "
+                      f"{paths.drafter(kind)} ({_short(now['drafter_sha256'])}); rerun `dvc repro export`")
+        if reason:
+            refusals[kind] = reason
+    return refusals
+
+
+def read_serving(params: Params, paths: ArtifactPaths) -> dict | None:
+    """`metrics/serving.json` when `serve_check.required`, else None."""
     if not params.serve_check.required:
-        return {}
+        return None
     path = paths.metrics / "serving.json"
     if not path.is_file():
         raise DraftlineError(f"{path} not found; run `dvc repro serve_check` first "
                              "(or set serve_check.required: false to promote without the vLLM check)")
-    drafters = read_json(path).get("drafters") or {}
+    try:
+        serving = read_json(path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DraftlineError(f"{path} is not valid JSON ({error}); rerun `dvc repro serve_check`") from None
+    if not isinstance(serving, dict):
+        raise DraftlineError(f"{path} is not a serve_check report; rerun `dvc repro serve_check`")
+    return serving
+
+
+def serve_check_failure(entry: dict, max_gap: float) -> str | None:
+    """Pass/fail rederived from the recorded numbers, never from the recorded `status` alone: every output
+    identical to vLLM without speculation and the two τ within `max_gap` in every domain."""
+    if entry.get("status") != "passed":
+        return f"serve_check {entry.get('status')}: {entry.get('reason')}"
+    domains = entry.get("domains")
+    if not isinstance(domains, dict) or not domains:
+        return "serve_check says passed but measured no domain"
+    for domain, record in sorted(domains.items()):
+        record = record if isinstance(record, dict) else {}
+        if record.get("outputs_identical") is not True or record.get("mismatched_prompts") != 0:
+            return f"serve_check says passed but {domain}: outputs are not recorded as identical"
+        served, ours = (record.get("vllm") or {}).get("tau"), (record.get("draftline") or {}).get("tau")
+        if not (is_finite(served) and is_finite(ours) and ours > 0):
+            return f"serve_check says passed but {domain}: no vLLM and draftline tau recorded"
+        if abs(served - ours) / ours > max_gap:
+            return (f"serve_check says passed but {domain}: vLLM tau {served:.3f} vs draftline tau {ours:.3f} "
+                    f"differ by more than serve_check.max_tau_gap {max_gap:.0%}")
+    return None
+
+
+def serve_check_refusals(params: Params, serving: dict | None, kinds: list[str]) -> dict[str, str]:
+    """kind -> why promotion refuses it: `serve_check.required` and its serve_check did not pass."""
+    if serving is None:
+        return {}
+    drafters = serving.get("drafters") if isinstance(serving.get("drafters"), dict) else {}
     refusals = {}
     for kind in kinds:
-        entry = drafters.get(kind) or {"status": "missing", "reason": f"no '{kind}' entry in {path}"}
-        if entry.get("status") != "passed":
-            refusals[kind] = f"serve_check {entry.get('status')}: {entry.get('reason')}"
+        entry = drafters.get(kind) if isinstance(drafters.get(kind), dict) else {
+            "status": "missing", "reason": f"no '{kind}' entry in metrics/serving.json"}
+        reason = serve_check_failure(entry, params.serve_check.max_tau_gap)
+        if reason:
+            refusals[kind] = reason
     return refusals
 
 
@@ -333,7 +424,9 @@ def print_decision(kind: str, record: dict) -> None:
 def run(params: Params, args: argparse.Namespace) -> dict:
     paths = ArtifactPaths.from_params(params)
     evaluation = Evaluation.load(paths.metrics / "eval.json")
-    refusals = serve_check_refusals(params, paths, sorted(evaluation.drafters))
+    kinds = sorted(evaluation.drafters)
+    serving = read_serving(params, paths)
+    refusals = {**serve_check_refusals(params, serving, kinds), **binding_refusals(paths, evaluation, serving, kinds)}
     uri = tracking_uri(params)
     with mlflow_errors(uri), registry_lock(uri):
         registry = Registry(uri)
@@ -342,7 +435,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     records.update({kind: {"promoted": False, "decision": "refused", "reasons": [reason]}
                     for kind, reason in refusals.items()})
     report = {
-        "tracking_uri": registry.uri,
+        "tracking_uri": redact_url(registry.uri),
         "experiment": params.tracking.experiment,
         "eval_sha256": evaluation.sha256,
         "drafters": records,
@@ -350,10 +443,10 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     write_json_atomic(paths.metrics / "promotion.json", report)
     for kind, record in records.items():
         if record["decision"] == "refused":
-            console.print(f"{kind}: [bold red]REFUSED[/] (not registered; serve_check.required): {record['reasons'][0]}")
+            console.print(f"{kind}: [bold red]REFUSED[/] (not registered): {record['reasons'][0]}", highlight=False)
         else:
             print_decision(kind, record)
-    console.print(f"MLflow UI: mlflow ui --backend-store-uri {registry.uri}")
+    console.print(f"MLflow UI: mlflow ui --backend-store-uri {redact_url(registry.uri)}")
     return report
 
 

@@ -16,8 +16,6 @@ import math
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -40,8 +38,8 @@ from mlflow.entities import LoggedModel, Metric, Param, Run  # noqa: E402
 from mlflow.entities.model_registry import ModelVersion, RegisteredModel  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
-from pipeline.errors import DraftlineError  # noqa: E402
-from pipeline.tracking import sqlite_artifact_root, sqlite_path  # noqa: E402
+from pipeline.errors import DraftlineError, redact_url  # noqa: E402
+from pipeline.tracking import check_store, sqlite_artifact_root, sqlite_path  # noqa: E402
 
 for _logger in ("mlflow", "alembic"):
     logging.getLogger(_logger).setLevel(logging.WARNING)
@@ -53,6 +51,7 @@ TAG_KIND = "draftline.kind"
 TAG_STAGE = "draftline.stage"
 TAG_EVAL_KEY = "draftline.eval_key"
 TAG_TRAIN_RUN = "draftline.train_run_id"
+TAG_ARTIFACT = "draftline.artifact_sha256"  # the registered checkpoint's content hash: one version per checkpoint
 TAG_GATE = "gate"  # promoted | rejected | forced
 TAG_GATE_REASONS = "gate.reasons"
 TAG_GATE_DECISION = "gate.decision"  # the full decision as JSON, so a rerun can report it unchanged
@@ -90,40 +89,7 @@ def metrics_from_tags(tags: Mapping[str, str]) -> dict[str, float]:
     return metrics
 
 
-SERVER_PROBE_TIMEOUT_S = 5.0
-SQLITE_HEADER = b"SQLite format 3\x00"
 LOCK_TIMEOUT_S = 600.0
-
-
-def check_store(uri: str) -> None:
-    """Refuse a store that would silently lose history (an empty or foreign sqlite file) and a server
-    that does not answer, each with one line, before MLflow turns them into a new registry or a
-    minutes-long retry loop."""
-    database = sqlite_path(uri)
-    if database is not None and database.exists():
-        if not database.is_file():
-            raise DraftlineError(f"MLflow store {database} is not a file; point tracking.uri at an sqlite file")
-        with database.open("rb") as handle:
-            header = handle.read(len(SQLITE_HEADER))
-        if not header:
-            raise DraftlineError(
-                f"MLflow store {database} is empty (0 bytes), so its registry history is gone; restore it from a "
-                "backup, or delete the file to start a new, empty registry"
-            )
-        if header != SQLITE_HEADER:
-            raise DraftlineError(
-                f"MLflow store {database} is not an SQLite database (corrupt or another file); restore it from a "
-                "backup, or move it away to start a new, empty registry"
-            )
-    if uri.startswith(("http://", "https://")):
-        try:
-            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=SERVER_PROBE_TIMEOUT_S).close()
-        except (urllib.error.URLError, OSError) as error:
-            reason = getattr(error, "reason", error)
-            raise DraftlineError(
-                f"MLflow tracking server {uri} is not reachable ({reason}); start it, or fix "
-                "tracking.uri / $MLFLOW_TRACKING_URI"
-            ) from None
 
 
 @contextlib.contextmanager
@@ -248,8 +214,9 @@ class Registry:
             description=description, model_id=model.model_id,
         )
 
-    def find_version(self, name: str, eval_key: str) -> ModelVersion | None:
-        found = self.client.search_model_versions(f"name = '{name}' and tags.`{TAG_EVAL_KEY}` = '{eval_key}'")
+    def find_version(self, name: str, value: str, tag: str = TAG_EVAL_KEY) -> ModelVersion | None:
+        """The oldest version whose tag `tag` is `value`."""
+        found = self.client.search_model_versions(f"name = '{name}' and tags.`{tag}` = '{value}'")
         return min(found, key=lambda version: int(version.version)) if found else None
 
     def version(self, name: str, version: str) -> ModelVersion:
@@ -298,10 +265,13 @@ def mlflow_errors(uri: str) -> Iterator[None]:
     except MlflowException as error:
         message = str(error.message).splitlines()[0] if error.message else type(error).__name__
         raise DraftlineError(
-            f"MLflow at {uri}: {message}; check tracking.uri / $MLFLOW_TRACKING_URI"
+            f"MLflow at {redact_url(uri)}: {message}; check tracking.uri / $MLFLOW_TRACKING_URI"
         ) from None
     except SQLAlchemyError as error:
         first_line = str(error.orig if getattr(error, "orig", None) else error).splitlines()[0]
+        if "locked" in first_line:  # transient: the advice below would throw a healthy registry away
+            raise DraftlineError(f"MLflow store {uri} is locked by another process ({first_line}); its registry "
+                                 "is intact: wait for that process to finish and rerun") from None
         raise DraftlineError(
             f"MLflow store {uri} is unreadable ({first_line}); restore it from a backup, or move it away to "
             "start a new, empty registry"

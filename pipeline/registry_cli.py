@@ -107,10 +107,15 @@ def show_model(registry: Registry, name: str, version: str | None) -> None:
 
 def promote_version(registry: Registry, params: Params, name: str, version: str, force: bool,
                     reason: str | None) -> None:
-    registry.version(name, version)  # fails with a clear message when it does not exist
+    recorded = registry.version(name, version).tags  # fails with a clear message when it does not exist
     champion = registry.alias_version(name, CHAMPION)
     if champion is not None and str(champion.version) == str(version):
         console.print(f"{name} v{version} is already the champion; nothing to do")
+        return
+    if not force and TAG_GATE in recorded:  # a recorded decision is history: only --force overrides it
+        console.print(f"{name} v{version}: gate already decided '{recorded[TAG_GATE]}' "
+                      f"({recorded.get(TAG_GATE_REASONS, '')}); left as recorded. To override it: "
+                      "--force --reason TEXT", highlight=False)
         return
     if not force:
         decision = gate_version(registry, params, name, version)

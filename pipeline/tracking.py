@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from pipeline.config import Params
+from pipeline.errors import DraftlineError, redact_url
+
+SERVER_PROBE_TIMEOUT_S = 5.0
+SQLITE_HEADER = b"SQLite format 3\x00"
+SQLITE_BUSY_TIMEOUT_S = 5.0
+MLFLOW_TABLES = {"experiments", "runs", "alembic_version"}
 
 
 def tracking_uri(params: Params, base: Path | str = ".") -> str:
@@ -24,3 +33,59 @@ def sqlite_artifact_root(uri: str) -> str | None:
     """Artifacts of an embedded sqlite store live next to the database file, not in the cwd."""
     database = sqlite_path(uri)
     return str(database.parent / "mlruns") if database else None
+
+
+def check_store(uri: str) -> None:
+    """Every entry point that touches MLflow (train, promote, the registry CLI) calls this first: an empty,
+    foreign or damaged sqlite file is refused before MLflow turns it into a new registry (or adds its
+    tables to someone else's database), a locked one is reported as the transient state it is, and a
+    server that does not answer fails within seconds instead of a minutes-long retry loop."""
+    database = sqlite_path(uri)
+    if database is not None and database.exists():
+        _check_sqlite_store(database)
+    if uri.startswith(("http://", "https://")):
+        try:
+            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=SERVER_PROBE_TIMEOUT_S).close()
+        except (urllib.error.URLError, OSError, ValueError) as error:
+            reason = getattr(error, "reason", error)
+            raise DraftlineError(
+                f"MLflow tracking server {redact_url(uri)} is not reachable ({reason}); start it, or fix "
+                "tracking.uri / $MLFLOW_TRACKING_URI"
+            ) from None
+
+
+def _check_sqlite_store(database: Path) -> None:
+    if not database.is_file():
+        raise DraftlineError(f"MLflow store {database} is not a file; point tracking.uri at an sqlite file")
+    with database.open("rb") as handle:
+        header = handle.read(len(SQLITE_HEADER))
+    if not header:
+        raise DraftlineError(
+            f"MLflow store {database} is empty (0 bytes), so its registry history is gone; restore it from a "
+            "backup, or delete the file to start a new, empty registry"
+        )
+    if header != SQLITE_HEADER:
+        raise DraftlineError(
+            f"MLflow store {database} is not an SQLite database (corrupt or another file); restore it from a "
+            "backup, or move it away to start a new, empty registry"
+        )
+    try:
+        connection = sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
+        try:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            connection.close()
+    except sqlite3.OperationalError as error:
+        if "locked" in str(error) or "busy" in str(error):
+            raise DraftlineError(
+                f"MLflow store {database} is locked by another process ({error}); its registry is intact: wait for "
+                "that process to finish and rerun"
+            ) from None
+        raise DraftlineError(f"MLflow store {database} is unreadable ({error}); restore it from a backup") from None
+    except sqlite3.DatabaseError as error:
+        raise DraftlineError(f"MLflow store {database} is damaged ({error}); restore it from a backup") from None
+    if tables and not MLFLOW_TABLES <= tables:
+        raise DraftlineError(
+            f"MLflow store {database} is an SQLite database of something else (tables: "
+            f"{', '.join(sorted(tables)[:5])}); point tracking.uri at MLflow's own database"
+        )

@@ -20,6 +20,7 @@ from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params, SamplingConfig
 from pipeline.drafters.kind import Proposer
+from pipeline.integrity import measured_artifacts
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info, progress
 from serve_eval.decoding import Generation, decode
@@ -71,8 +72,10 @@ def run(params: Params, args: argparse.Namespace) -> dict:
 
     verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
     prompts = load_test_prompts(paths, config.prompts_per_domain, verifier.config.vocab_size)
-    drafters = load_drafters(paths, config, verifier, tokenizer)  # fails early when one is missing
+    # hashed before loading: the metrics belong to the files as they were when read
+    measured = {kind: measured_artifacts(paths.drafter(kind), paths.export(kind)) for kind in config.drafters}
     identity = verifier_identity(paths)
+    drafters = load_drafters(paths, config, verifier, tokenizer)  # fails early when one is missing
     report: dict = {"verifier": {"id": identity["id"], "hash": identity["hash"]},
                     "corpus_hash": corpus_hash(paths),
                     "tau_definition": "tokens committed per verifier forward, bonus/correction token included",
@@ -81,7 +84,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     torch.manual_seed(config.seed)
     for kind, drafter in drafters.items():
         proposer, peer_drafter = drafter.proposer, drafter.peer_model
-        entry = {"backend": drafter.backend, "by_temperature": {}, "mismatches": 0}
+        entry = {"backend": drafter.backend, **measured[kind], "by_temperature": {}, "mismatches": 0}
         for temperature in config.temperatures:
             sampling = SamplingConfig(temperature=temperature, top_k=config.top_k, top_p=config.top_p)
             key = temperature_key(temperature)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config import EvaluateConfig, VerifierConfig
 from pipeline.drafters.kind import LoadedDrafter
 from pipeline.drafters.registry import KINDS
 from pipeline.errors import DraftlineError
-from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer, require_checkpoint
+from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer, load_tokenizer, require_checkpoint
 from pipeline.paths import ArtifactPaths
 
 
@@ -48,7 +48,7 @@ def check_drafter(directory: Path, verifier: PreTrainedModel, tokenizer: PreTrai
     require_checkpoint(directory, kind)
     what, fix = f"drafter '{kind}' at {directory}", f"retrain it (`dvc repro train_{kind}`)"
     check_drafter_matches_verifier(directory, verifier.config, what, fix)
-    check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(directory), what)
+    check_same_tokenizer(tokenizer, load_tokenizer(directory, what, fix), what)
 
 
 def load_drafters(paths: ArtifactPaths, config: EvaluateConfig, verifier: PreTrainedModel,

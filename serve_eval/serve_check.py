@@ -34,6 +34,7 @@ from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params, ServeCheckConfig
 from pipeline.errors import DraftlineError
+from pipeline.integrity import measured_artifacts
 from pipeline.lineage import read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info
@@ -202,25 +203,29 @@ def exported_jobs(params: Params, paths: ArtifactPaths) -> dict[str, dict]:
 
 
 def run(params: Params, args: argparse.Namespace) -> dict:
+    from data_prep.verifier import verifier_identity
     from serve_eval.loading import load_test_prompts
 
     paths = ArtifactPaths.from_params(params)
     config = params.serve_check
     jobs = exported_jobs(params, paths)
+    # hashed before anything runs: the results belong to the files as they were when read
+    measured = {kind: measured_artifacts(paths.drafter(kind), paths.export(kind)) for kind in jobs}
     prompts = load_test_prompts(paths, config.prompts_per_domain)
     log_dir = paths.root / LOG_DIR
     shutil.rmtree(log_dir, ignore_errors=True)  # every log there belongs to this run (a DVC output)
     log_dir.mkdir(parents=True)
     python = serve_python()
     model = next(iter(jobs.values()))["model"]
-    report: dict = {"verifier": model, "serve_python": str(python) if python else None,
+    report: dict = {"verifier": model, "verifier_hash": verifier_identity(paths)["hash"],
+                    "serve_python": str(python) if python else None,
                     "tau_definition": TAU_DEFINITION, "prompts_per_domain": config.prompts_per_domain,
                     "max_new_tokens": config.max_new_tokens, "max_tau_gap": config.max_tau_gap,
                     "baseline": None, "drafters": {}}
     if python is None:
         reason = "no serving environment (.venv-serve with vLLM): run `make serve-env`"
         report["drafters"] = {kind: {"status": "skipped", "reason": reason, "domains": {}} for kind in jobs}
-        return finish(report, paths)
+        return finish(report, paths, measured)
 
     info(f"serve_check: vLLM without speculation ({sum(map(len, prompts.values()))} prompts, {python})")
     baseline = run_engine(python, engine_job(model, None, prompts, params), "baseline", log_dir, config)
@@ -232,7 +237,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
         status = classify_error(baseline["error"])
         reason = f"the verifier alone did not run in vLLM: {baseline['error']}"
         report["drafters"] = {kind: {"status": status, "reason": reason, "domains": {}} for kind in jobs}
-        return finish(report, paths)
+        return finish(report, paths, measured)
 
     results = {}
     for kind, job in jobs.items():
@@ -246,10 +251,12 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     for kind, job in jobs.items():
         report["drafters"][kind] = check_drafter(job, results[kind], baseline, generations.get(kind),
                                                  config.max_tau_gap)
-    return finish(report, paths)
+    return finish(report, paths, measured)
 
 
-def finish(report: dict, paths: ArtifactPaths) -> dict:
+def finish(report: dict, paths: ArtifactPaths, measured: dict[str, dict]) -> dict:
+    for kind, entry in report["drafters"].items():
+        entry.update(measured[kind])
     write_serving_plots(paths.plots, report)
     write_json_atomic(paths.metrics / SERVING_JSON, report)
     print_table(report)

@@ -60,6 +60,8 @@ class FakeState:
         self.lock = threading.Lock()
         self.in_flight = self.max_in_flight = self.served = 0
         self.bodies: list[tuple[str, dict]] = []
+        self.poison = None  # (reply body) -> what a broken server sends instead
+        self.poison_first = 0  # how many replies get poisoned (then the server is fine again)
 
 
 def fake_handler(state: FakeState):
@@ -103,10 +105,14 @@ def fake_handler(state: FakeState):
             choice = {"index": 0, "token_ids": ids, "finish_reason": "stop" if ids[-1] == tokenizer.eos_token_id else "length"}
             text = tokenizer.decode(ids, skip_special_tokens=True)
             choice.update({"message": {"role": "assistant", "content": text}} if "chat" in self.path else {"text": text})
+            reply = {"choices": [choice], "prompt_token_ids": prompt}
             with state.lock:
                 state.in_flight -= 1
                 state.served += 1
-            self.reply(200, {"choices": [choice], "prompt_token_ids": prompt})
+                if state.poison is not None and state.poison_first > 0:
+                    state.poison_first -= 1
+                    reply = state.poison(reply)
+            self.reply(200, reply)
 
     return Handler
 
@@ -321,6 +327,118 @@ def test_retries_with_backoff_then_a_clear_error_naming_the_endpoint(monkeypatch
     assert "\n" not in str(error.value)
 
 
+def _with_ids(ids):
+    def poison(reply):
+        reply["choices"][0]["token_ids"] = ids
+        return reply
+    return poison
+
+
+def _with_prompt(reply):
+    reply["prompt_token_ids"] = [7, 7, 7]
+    return reply
+
+
+@pytest.mark.parametrize("poison, expected", [
+    (_with_ids([5, 10**6]), "outside the verifier's vocabulary"),
+    (_with_ids([-3, 5]), "outside the verifier's vocabulary"),
+    (_with_ids(["5", 6]), "not a list of integer token ids"),
+    (_with_ids([5] * 50), "50 tokens for max_tokens 4"),
+    (_with_prompt, "prompt_token_ids differ from the prompt ids sent"),
+    (lambda reply: [reply], "expected a JSON object"),
+])
+def test_invalid_responses_are_retried_then_refused(monkeypatch, poison, expected):
+    """A server answering nonsense is retried like a failing one, and its answer never comes back."""
+    monkeypatch.setattr(openai_client, "BACKOFF_S", 0.01)
+    tokenizer = tiny_tokenizer()
+    url, state, server = start_fake(tokenizer)
+    try:
+        engine = OpenAIEngine([url], tokenizer, CorpusConfig(engine="openai", endpoints=[url], retries=2),
+                              name="openai")
+        state.poison, state.poison_first = poison, 2  # two bad answers, then a good one
+        [result] = engine.generate([Request((5, 6), SamplingConfig(), 4, 0)], lambda n: None)
+        assert result.prompt_ids == [5, 6] and all(0 <= i < len(tokenizer) for i in result.response_ids)
+        state.poison_first = 10
+        with pytest.raises(DraftlineError, match=f"{url} answered /completions with 3 invalid response") as error:
+            engine.generate([Request((5, 6), SamplingConfig(), 4, 0)], lambda n: None)
+        assert expected in str(error.value) and "\n" not in str(error.value)
+    finally:
+        server.shutdown()
+
+
+def test_a_bad_server_never_commits_a_shard_and_a_poisoned_shard_is_regenerated(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(openai_client, "BACKOFF_S", 0.01)
+    url, state, server = start_fake(chat_tokenizer())
+    try:
+        params = make_project(tmp_path, engine="openai", endpoints=[url], retries=1)
+        state.poison, state.poison_first = _with_ids([5, 10**6]), 10**6
+        assert build_corpus.main(["--params", str(params)]) == 1
+        assert "invalid response" in capsys.readouterr().err
+        shard_root = tmp_path / "artifacts" / "corpus_shards"
+        assert not list(shard_root.rglob("shard-*.json"))  # nothing from the bad server was committed
+
+        state.poison_first = 0  # the server is fixed
+        assert build_corpus.main(["--params", str(params)]) == 0
+        reference = all_rows(params)
+        shard = sorted(shard_root.rglob("shard-*.json"))[0]
+        committed = json.loads(shard.read_text())
+        committed["rows"][0]["response_ids"][0] = 10**6  # poisoned after the fact
+        shard.write_text(json.dumps(committed))
+        assert build_corpus.main(["--params", str(params)]) == 0
+        assert "damaged or stale" in " ".join(capsys.readouterr().err.split())
+        assert all_rows(params) == reference
+    finally:
+        server.shutdown()
+
+
+def test_a_trickling_server_is_cut_off_at_the_request_deadline():
+    """One byte every 0.3 s never trips a per-read socket timeout; the deadline covers the whole request."""
+    import socket as sockets
+
+    listener = sockets.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b" " * 100000:
+                if stop.wait(0.3):
+                    return
+                connection.sendall(bytes([byte]))
+
+    threading.Thread(target=trickle, daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match="no complete answer within 2 s"):
+            openai_client.http_json(f"http://127.0.0.1:{listener.getsockname()[1]}/v1/models", None, 2.0)
+    finally:
+        stop.set()
+        listener.close()
+    assert time.monotonic() - started < 5
+
+
+def test_endpoint_credentials_are_sent_as_basic_auth_and_never_echoed(monkeypatch):
+    monkeypatch.setattr(openai_client, "BACKOFF_S", 0.01)
+    tokenizer = tiny_tokenizer()
+    url, state, server = start_fake(tokenizer)
+    secret_url = url.replace("http://", "http://user:s3cret@")
+    try:
+        engine = OpenAIEngine([secret_url], tokenizer, CorpusConfig(engine="openai", endpoints=[secret_url],
+                                                                    retries=0), name="openai")
+        assert "s3cret" not in json.dumps(engine.describe())  # recorded in shards and stats.json
+        state.fail_first, state.status = 1, 400
+        with pytest.raises(DraftlineError) as error:
+            engine.generate([Request((5, 6), SamplingConfig(), 4, 0)], lambda n: None)
+        assert "s3cret" not in str(error.value) and "***@127.0.0.1" in str(error.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(EndpointDown) as error:
+        engine.generate([Request((5, 6), SamplingConfig(), 4, 0)], lambda n: None)
+    assert "s3cret" not in str(error.value)
+
+
 # --------------------------------------------------------------------------- chat and token exactness
 
 
@@ -350,6 +468,21 @@ def test_chat_prompts_are_sent_as_messages_and_stored_as_templated_ids(tmp_path)
         assert result.prompt_ids == list(item.prompt_ids)  # the server's templated ids, equal to ours
         assert paths.get(item.chat_text, "/v1/completions") == (
             "/v1/chat/completions" if item.chat_text else "/v1/completions")
+
+
+@pytest.mark.parametrize("template, expected", [
+    ("{% for a in range(100000) %}{% for b in range(100) %}{% endfor %}{% endfor %}", "did not render within"),
+    ("{% for a in range(100000) %}{{ 'x' * 100 }}{% endfor %}", "renders over 1000000 characters"),
+    ("{{ messages.__class__.__mro__ }}", "fails to render"),
+])
+def test_a_hostile_chat_template_is_one_line_not_a_hang(monkeypatch, template, expected):
+    monkeypatch.setattr(build_corpus, "CHAT_TEMPLATE_TIMEOUT_S", 0.2)  # the loop below takes seconds
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = template
+    started = time.monotonic()
+    with pytest.raises(DraftlineError, match=expected) as error:
+        chat_prompt_ids(tokenizer, "hello")
+    assert time.monotonic() - started < 10 and "\n" not in str(error.value)
 
 
 def test_roundtrip_mismatches_count_ids_that_text_would_not_give_back():

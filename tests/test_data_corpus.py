@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from data_prep import build_corpus
-from data_prep.build_corpus import fingerprint, read_shard
+from data_prep.build_corpus import WorkItem, fingerprint, load_shard
 from data_prep.corpus import COLUMNS, corpus_hash, load_corpus
 from data_prep.verifier import write_record
 from pipeline.config import CorpusConfig, load_params
@@ -139,14 +139,26 @@ def test_corrupt_or_missing_corpus_is_a_clear_error(tmp_path):
     assert "\n" not in str(error.value)
 
 
-def test_a_shard_from_other_inputs_or_damaged_is_not_reused(tmp_path):
+def test_a_shard_from_other_inputs_damaged_or_poisoned_is_not_reused(tmp_path):
     shard = tmp_path / "shard-00000.json"
-    shard.write_text(json.dumps({"fingerprint": "aaa", "index": 0, "rows": [{"id": "x"}]}))
-    assert read_shard(shard, "aaa", ["x"]) == [{"id": "x"}]
-    assert read_shard(shard, "bbb", ["x"]) is None
-    assert read_shard(shard, "aaa", ["y"]) is None
+    x, y = (WorkItem(name, "code", "test", "train", "p", (5, 6), 0) for name in ("x", "y"))
+    row = {"id": "x", "prompt_ids": [5, 6], "response_ids": [7, 8], "finish_reason": "length"}
+
+    def write(**changes):
+        shard.write_text(json.dumps({"fingerprint": "aaa", "index": 0, "rows": [{**row, **changes}]}))
+
+    write()
+    assert load_shard(shard, "aaa", [x], 100, 4)["rows"] == [row]
+    assert load_shard(shard, "bbb", [x], 100, 4) is None
+    assert load_shard(shard, "aaa", [y], 100, 4) is None
+    for poison in ({"response_ids": [7, 100]}, {"response_ids": [-1]}, {"response_ids": [7, 2**70]},
+                   {"response_ids": ["7"]}, {"response_ids": [True]}, {"prompt_ids": [9, 9]},
+                   {"response_ids": [1] * 6}, {"finish_reason": "abort"}):
+        write(**poison)
+        assert load_shard(shard, "aaa", [x], 100, 4) is None, poison
+    write()
     shard.write_text(shard.read_text()[:20])
-    assert read_shard(shard, "aaa", ["x"]) is None
+    assert load_shard(shard, "aaa", [x], 100, 4) is None
 
 
 def test_a_truncated_shard_is_regenerated_alone(tmp_path):

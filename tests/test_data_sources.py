@@ -82,6 +82,26 @@ def test_wrong_prompt_field_and_domain_values_are_clear_errors(tmp_path):
         load_source(PromptSourceConfig(kind="file", path=str(tmp_path / "nope.jsonl"), domain="text"))
 
 
+def test_a_directory_fifo_or_device_as_prompt_file_says_what_it_is(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    (tmp_path / "dir.jsonl").mkdir()
+    for path, expected in ((tmp_path / "dir.jsonl", "is a directory"), (tmp_path / "fifo.jsonl", "FIFO"),
+                           (Path("/dev/zero"), "device")):
+        with pytest.raises(DraftlineError, match=expected) as error:  # a FIFO must not block the stage
+            load_source(PromptSourceConfig(kind="file", path=str(path), domain="text"))
+        assert "not found" not in str(error.value)
+
+
+def test_an_empty_text_field_is_not_reported_as_a_missing_field(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in ("", "  ")))
+    with pytest.raises(DraftlineError, match="every 'prompt' is empty or whitespace .2 of 2") as error:
+        load_source(PromptSourceConfig(kind="file", path=str(path), domain="text"))
+    assert "no record has" not in str(error.value)
+
+
 def test_uncached_hf_dataset_is_a_clear_error():
     with pytest.raises(DraftlineError, match="not in the local cache"):
         load_source(PromptSourceConfig(kind="hf", name="draftline-test/definitely-not-cached", domain="text"))

@@ -22,6 +22,8 @@ import yaml
 from safetensors.torch import save_file
 
 from pipeline import promote, registry_cli
+from pipeline.integrity import measured_artifacts
+from pipeline.lineage import hash_dir
 from pipeline.registry import CHAMPION, PREVIOUS_CHAMPION, Registry, registered_model_name
 from tests.tiny_models import tiny_qwen3, tiny_tokenizer
 
@@ -58,6 +60,10 @@ class Workspace:
             "deps": [{"path": "artifacts/corpus", "md5": "a" * 32 + ".dir"}],
             "outs": [{"path": "artifacts/drafters/ar", "md5": "b" * 32 + ".dir"}]}}}))
         self.verifier_hash = f"hash-{verifier_id}"
+        record = root / "artifacts/verifier/verifier.json"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"source": "hf", "name_or_path": "/models/v", "hash": self.verifier_hash,
+                                      "id": verifier_id}))
 
     def name(self, kind: str) -> str:
         return registered_model_name("dl", self.verifier_id, kind)
@@ -92,11 +98,22 @@ class Workspace:
             "mlflow_run_id": run_id}))
 
     def write_eval(self, drafters: dict) -> None:
+        """An evaluation of the artifacts as they are now (each export made from the current drafter)."""
+        for kind in drafters:
+            manifest = self.root / f"artifacts/export/{kind}/manifest.json"
+            if manifest.is_file():
+                recorded = json.loads(manifest.read_text())
+                recorded["lineage"] = {"drafter_hash": hash_dir(self.root / f"artifacts/drafters/{kind}")}
+                manifest.write_text(json.dumps(recorded))
+        drafters = {kind: {**entry, **self.measured(kind)} for kind, entry in drafters.items()}
         path = self.root / "metrics/eval.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         # json.dumps writes NaN for float('nan'), as an evaluation that broke would
         path.write_text(json.dumps({"verifier": {"id": self.verifier_id, "hash": self.verifier_hash},
                                     "corpus_hash": "corpus-1", "drafters": drafters}))
+
+    def measured(self, kind: str) -> dict:
+        return measured_artifacts(self.root / f"artifacts/drafters/{kind}", self.root / f"artifacts/export/{kind}")
 
     def promote(self) -> dict:
         assert promote.main(["--params", str(self.params)]) == 0
@@ -207,9 +224,12 @@ def test_rerun_is_a_no_op(history):
     registry, name = history["registry"], history["ws"].name("ar")
     assert len(registry.versions(name)) == 4
     assert history["runs_after_rerun"] == history["runs_before_rerun"]
+    assert not first["ar"]["already_registered"]
+    assert first["block"]["already_registered"]  # the same block checkpoint in every step: one version
+    assert len(registry.versions(history["ws"].name("block"))) == 1
     for kind in ("ar", "block"):
-        assert again[kind]["already_registered"] and not first[kind]["already_registered"]
-        assert {**again[kind], "already_registered": False} == first[kind]
+        assert again[kind]["already_registered"]
+        assert {**again[kind], "already_registered": False} == {**first[kind], "already_registered": False}
 
 
 def test_champion_uri_loads_the_promoted_drafter(history, tmp_path):
@@ -371,3 +391,74 @@ def test_experiment_created_by_training_is_not_taken_for_a_moved_project(tmp_pat
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
         assert ws.promote()["drafters"]["ar"]["promoted"]
+
+
+def _promoted(ws: Workspace) -> dict:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ws.root)
+        return ws.promote()["drafters"]["ar"]
+
+
+def test_metrics_of_other_artifacts_are_refused(tmp_path, tokenizer_dir, capsys):
+    """A drafter retrained after evaluate, an export of another drafter, a changed verifier: refused."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ws = _ready_workspace(tmp_path, store, "bound", tokenizer_dir)
+    ws.write_training("ar", None, verifier_hash=ws.verifier_hash)  # retrained: training.json rewritten
+    (ws.root / "artifacts/drafters/ar/model.safetensors").write_bytes(b"retrained")
+    ar = _promoted(ws)
+    assert ar["decision"] == "refused" and "drafter_sha256" in ar["reasons"][0] and "rerun" in ar["reasons"][0]
+    assert "REFUSED" in capsys.readouterr().err
+    assert Registry(store).models() == []
+
+    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})  # evaluated again, but the export is older
+    manifest = ws.root / "artifacts/export/ar/manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "lineage": {"drafter_hash": "0" * 64}}))
+    # the edited manifest has a new hash: record it, as an evaluation of this export would
+    evaluation = json.loads((ws.root / "metrics/eval.json").read_text())
+    evaluation["drafters"]["ar"].update(ws.measured("ar"))
+    (ws.root / "metrics/eval.json").write_text(json.dumps(evaluation))
+    assert "was exported from drafter 000000000000" in _promoted(ws)["reasons"][0]
+
+    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+    record = ws.root / "artifacts/verifier/verifier.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "hash": "new-verifier"}))
+    assert "verifier is now new-verifier" in _promoted(ws)["reasons"][0]
+
+
+def test_tau_is_bounded_by_the_drafters_own_drafts_per_step(tmp_path, tokenizer_dir):
+    ws = _ready_workspace(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "bounded", tokenizer_dir)
+    (ws.root / "artifacts/export/ar/vllm.json").write_text(json.dumps(
+        {"model": "/v", "speculative_config": {"method": "draft_model", "num_speculative_tokens": 4}}))
+    ws.write_eval({"ar": drafter_eval(20.0, 2.0)})  # k=4 commits at most 5 tokens per verifier forward
+    ar = _promoted(ws)
+    assert not ar["promoted"] and any("outside the possible range [1, 5]" in r for r in ar["reasons"])
+
+
+def test_one_checkpoint_is_one_version(tmp_path, tokenizer_dir):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ws = _ready_workspace(tmp_path, store, "once", tokenizer_dir, tau=2.0)
+    first = _promoted(ws)
+    for tau in (1.5, 3.0):  # the same checkpoint evaluated again with other numbers
+        ws.write_eval({"ar": drafter_eval(tau, tau)})
+        again = _promoted(ws)
+        assert again["already_registered"] and again["version"] == first["version"] == "1"
+    assert len(Registry(store).versions(ws.name("ar"))) == 1
+
+
+def test_manual_promote_without_force_never_rewrites_a_recorded_decision(tmp_path, tokenizer_dir, capsys,
+                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ws = _ready_workspace(tmp_path, store, "manual", tokenizer_dir, tau=1.0)  # below the floors: rejected
+    assert not _promoted(ws)["promoted"]
+    params = yaml.safe_load(ws.params.read_text())
+    params["promote"]["gates"] = {"code": {"min_tau": 1.0, "min_speedup": 1.0}}  # it would pass now
+    ws.params.write_text(yaml.safe_dump(params))
+    registry = Registry(store)
+    decision = registry.version(ws.name("ar"), "1").tags["gate.decision"]
+    capsys.readouterr()
+    assert registry_cli.main(["--params", str(ws.params), "promote", "ar", "1", "--reason", "x"]) == 0
+    assert "already decided 'rejected'" in capsys.readouterr().err
+    version = registry.version(ws.name("ar"), "1")
+    assert version.tags["gate"] == "rejected" and version.tags["gate.decision"] == decision
+    assert registry.alias_version(ws.name("ar"), CHAMPION) is None

@@ -16,7 +16,7 @@ from pipeline.config import parse_params
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_dir
 from pipeline.paths import ArtifactPaths
-from pipeline.promote import serve_check_refusals
+from pipeline.promote import read_serving, serve_check_refusals
 from pipeline.serve_env import serve_python
 from serve_eval import serve_check
 from serve_eval.decoding import Generation, Step
@@ -92,14 +92,30 @@ def test_promote_refuses_what_serve_check_did_not_pass(tmp_path):
     params = _params(tmp_path)
     paths = ArtifactPaths.from_params(params)
     with pytest.raises(DraftlineError, match="dvc repro serve_check"):
-        serve_check_refusals(params, paths, ["ar", "block"])
+        read_serving(params, paths)
     paths.metrics.mkdir()
+    passed = {"outputs_identical": True, "mismatched_prompts": 0, "vllm": {"tau": 3.0}, "draftline": {"tau": 3.1}}
     (paths.metrics / "serving.json").write_text(json.dumps({"drafters": {
-        "ar": {"status": "passed", "reason": None},
+        "ar": {"status": "passed", "reason": None, "domains": {"code": passed}},
         "block": {"status": "skipped", "reason": "Unsupported CPU attention configuration"}}}))
-    refusals = serve_check_refusals(params, paths, ["ar", "block"])
+    refusals = serve_check_refusals(params, read_serving(params, paths), ["ar", "block"])
     assert list(refusals) == ["block"] and "serve_check skipped: Unsupported CPU attention" in refusals["block"]
-    assert serve_check_refusals(_params(tmp_path, required=False), paths, ["ar", "block"]) == {}
+    assert read_serving(_params(tmp_path, required=False), paths) is None
+    assert serve_check_refusals(params, None, ["ar", "block"]) == {}
+
+
+@pytest.mark.parametrize("record, expected", [
+    ({"outputs_identical": False, "mismatched_prompts": 3}, "outputs are not recorded as identical"),
+    ({"outputs_identical": True, "mismatched_prompts": 0, "vllm": {"tau": 2.0}, "draftline": {"tau": 3.0}},
+     "differ by more than serve_check.max_tau_gap"),
+    ({"outputs_identical": True, "mismatched_prompts": 0, "vllm": {"tau": None}}, "no vLLM and draftline tau"),
+    (None, "measured no domain"),
+])
+def test_a_status_flipped_to_passed_is_rederived_from_the_numbers(tmp_path, record, expected):
+    serving = {"drafters": {"ar": {"status": "passed", "reason": None,
+                                   "domains": {"code": record} if record else {}}}}
+    refusals = serve_check_refusals(_params(tmp_path), serving, ["ar"])
+    assert expected in refusals["ar"]
 
 
 # --------------------------------------------------------------------------- the stage
@@ -130,13 +146,20 @@ def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
     tokenizer = tiny_tokenizer()
     paths = ArtifactPaths.from_params(parse_params(yaml.safe_load(write_params(tmp_path).read_text())))
     write_corpus(tokenizer, paths.corpus)
+    paths.verifier.mkdir(parents=True)
+    (paths.verifier / "verifier.json").write_text(json.dumps({"source": "hf", "name_or_path": "/v", "hash": "h1",
+                                                              "id": "v"}))
     for kind in ("ar", "block"):
         paths.export(kind).mkdir(parents=True)
         (paths.export(kind) / "vllm.json").write_text(json.dumps({"model": "/v", "speculative_config": {}}))
+        (paths.export(kind) / "manifest.json").write_text(json.dumps({"files": {}}))
     monkeypatch.setenv("DRAFTLINE_SERVE_PYTHON", str(tmp_path / "missing" / "python"))
     assert serve_check.main(["--params", str(tmp_path / "params.yaml")]) == 0
     report = json.loads((paths.metrics / "serving.json").read_text())
     assert {e["status"] for e in report["drafters"].values()} == {"skipped"}
+    # bound to what was checked: the export's manifest and the verifier, by content
+    assert report["verifier_hash"] == "h1"
+    assert len(report["drafters"]["ar"]["export_manifest_sha256"]) == 64
     assert "make serve-env" in report["drafters"]["block"]["reason"]
     assert (paths.plots / "serving_tau.png").is_file() and (paths.root / "serve_check").is_dir()
     assert (paths.plots / "serving_tau.csv").read_text() == "drafter,domain,draftline_tau,vllm_tau\n"

@@ -24,6 +24,7 @@ from pipeline.config import Params, TrainerConfig
 from pipeline.lineage import git_commit
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
+from pipeline.tracking import check_store, tracking_uri
 from train.frozen import FrozenVerifier
 from train.trainer import (
     build_trainer,
@@ -61,6 +62,7 @@ def _scalars(results: dict, keys: tuple[str, ...]) -> dict:
 def distill(params: Params, make_recipe: RecipeFactory) -> dict | None:
     """Train and save one drafter; returns training.json's content on rank 0 (None elsewhere)."""
     started = time.perf_counter()
+    check_store(tracking_uri(params))  # before minutes of loading and training, not after
     paths = ArtifactPaths.from_params(params)
     verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
     corpus = load_corpus(paths, verifier.config.vocab_size)

@@ -11,18 +11,22 @@ ids. A server that returns text only gets its text tokenised here; those rows ar
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import http.client
+import io
 import json
+import socket
 import threading
 import time
 import urllib.error
-import urllib.request
+import urllib.parse
 from collections import deque
 from typing import Callable, Sequence
 
 from data_prep.engines import Request, Result
 from pipeline.config import CorpusConfig
-from pipeline.errors import DraftlineError
+from pipeline.errors import DraftlineError, redact_url
 
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 BACKOFF_S = 1.0  # first retry waits this long, each next one twice as long
@@ -33,6 +37,28 @@ TOKENIZER_PROBE = "def probe(x):\n    return x + 1  # The quick brown fox jumps 
 
 class EndpointDown(DraftlineError):
     """An endpoint failed every retry."""
+
+
+class InvalidResponse(ValueError):
+    """A well-formed answer whose content cannot be what the verifier generated: retried like a failure,
+    never committed."""
+
+
+def token_ids(value: object, vocab_size: int, what: str) -> list[int]:
+    """`value` as token ids of the verifier's vocabulary, or InvalidResponse saying what is wrong."""
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise InvalidResponse(f"{what} is not a list of integer token ids")
+    outside = [i for i in value if not 0 <= i < vocab_size]
+    if outside:
+        raise InvalidResponse(f"{what} holds {len(outside)} id(s) outside the verifier's vocabulary "
+                              f"[0, {vocab_size}), e.g. {outside[0]}")
+    return value
+
+
+def json_object(value: object) -> dict:
+    if not isinstance(value, dict):
+        raise InvalidResponse(f"expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def server_root(url: str) -> str:
@@ -52,12 +78,44 @@ def _error_message(error: urllib.error.HTTPError) -> str:
     return lines[0][:300] if lines else str(error.code)
 
 
-def http_json(url: str, body: dict | None, timeout: float) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
-                                     method="GET" if body is None else "POST")
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
+def http_json(url: str, body: dict | None, timeout: float) -> object:
+    """`timeout` bounds the whole request, from connecting to the last byte: a socket timeout restarts
+    with every byte received, so a server trickling a byte every few seconds would never be cut off."""
+    parts = urllib.parse.urlsplit(url)
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_class(parts.hostname, parts.port, timeout=timeout)
+    headers = {"Content-Type": "application/json"}
+    if parts.username is not None:  # `http://user:token@host/v1`: sent as HTTP basic auth, never printed
+        credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
+    expired = threading.Event()
+
+    def cut_off() -> None:
+        expired.set()
+        with contextlib.suppress(OSError, AttributeError):
+            connection.sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked in another thread
+
+    watchdog = threading.Timer(timeout, cut_off)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        connection.request("GET" if body is None else "POST", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                           body=None if body is None else json.dumps(body).encode(),
+                           headers=headers)
+        response = connection.getresponse()
+        payload = response.read()
+    except (OSError, http.client.HTTPException):
+        if expired.is_set():
+            raise TimeoutError(f"no complete answer within {timeout:g} s") from None
+        raise
+    finally:
+        watchdog.cancel()
+        connection.close()
+    if expired.is_set():
+        raise TimeoutError(f"no complete answer within {timeout:g} s")
+    if response.status >= 400:
+        raise urllib.error.HTTPError(url, response.status, response.reason, response.headers, io.BytesIO(payload))
+    return json.loads(payload)
 
 
 class OpenAIEngine:
@@ -68,7 +126,7 @@ class OpenAIEngine:
         self.models = {url: self._served_model(url) for url in self.urls}
         versions = sorted({self._version(url) for url in self.urls})
         self.settings = {"name": name, "version": versions[0] if len(versions) == 1 else versions,
-                         "endpoints": self.urls, "models": sorted(set(self.models.values())),
+                         "endpoints": [redact_url(url) for url in self.urls], "models": sorted(set(self.models.values())),
                          "concurrency_per_endpoint": self.concurrency}
         for url in self.urls:
             self._check_tokenizer(url)
@@ -78,16 +136,21 @@ class OpenAIEngine:
 
     # ----------------------------------------------------------------------- HTTP with retries
 
-    def call(self, url: str, path: str, body: dict | None = None) -> dict:
-        """GET (body None) or POST `url + path`; retried with backoff, then EndpointDown naming `url`."""
+    def call(self, url: str, path: str, body: dict | None = None, parse: Callable[[object], object] = json_object):
+        """GET (body None) or POST `url + path`, then `parse` the answer; retried with backoff, then
+        EndpointDown naming `url` (or, when the server kept answering nonsense, an error saying so)."""
         start = time.monotonic()
+        invalid = 0
         for attempt in range(self.retries + 1):
             try:
-                return http_json(url + path, body, self.timeout)
+                return parse(http_json(url + path, body, self.timeout))
+            except InvalidResponse as error:
+                invalid += 1
+                reason = f"invalid response: {error}"
             except urllib.error.HTTPError as error:
                 if error.code not in RETRYABLE_STATUS:
                     raise DraftlineError(
-                        f"endpoint {url} rejected {path} (HTTP {error.code}: {_error_message(error)})"
+                        f"endpoint {redact_url(url)} rejected {path} (HTTP {error.code}: {_error_message(error)})"
                     ) from None
                 reason = f"HTTP {error.code}"
             except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as error:
@@ -95,21 +158,27 @@ class OpenAIEngine:
                 reason = str(cause).strip() or type(cause).__name__
             if attempt < self.retries:
                 time.sleep(min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S))
+        if invalid:
+            raise DraftlineError(
+                f"endpoint {redact_url(url)} answered {path} with {invalid} invalid response(s) in {self.retries + 1} attempts "
+                f"(last: {reason}); nothing from it was committed: check that it serves the verifier"
+            )
         raise EndpointDown(
-            f"endpoint {url} is down ({reason}; {self.retries + 1} attempts over {time.monotonic() - start:.0f} s); "
+            f"endpoint {redact_url(url)} is down ({reason}; {self.retries + 1} attempts over {time.monotonic() - start:.0f} s); "
             "finished shards are kept: rerun build_corpus when the server is back"
         )
 
     def _served_model(self, url: str) -> str:
         models = self.call(url, "/models").get("data") or []
         if not models:
-            raise DraftlineError(f"endpoint {url} serves no model (GET {url}/models is empty)")
+            raise DraftlineError(f"endpoint {redact_url(url)} serves no model (GET {redact_url(url)}/models is empty)")
         return models[0]["id"]
 
     def _version(self, url: str) -> str:
         """The server's version where it reports one (vLLM: GET /version), else 'unknown'."""
         try:
-            return str(http_json(server_root(url) + "/version", None, min(self.timeout, 10.0)).get("version", "unknown"))
+            answer = json_object(http_json(server_root(url) + "/version", None, min(self.timeout, 10.0)))
+            return str(answer.get("version", "unknown"))
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
             return "unknown"
 
@@ -117,13 +186,13 @@ class OpenAIEngine:
         """Where the server can tokenise (vLLM /tokenize), its ids must equal the verifier tokenizer's."""
         body = {"model": self.models[url], "prompt": TOKENIZER_PROBE, "add_special_tokens": False}
         try:
-            theirs = http_json(server_root(url) + "/tokenize", body, min(self.timeout, 30.0)).get("tokens")
+            theirs = json_object(http_json(server_root(url) + "/tokenize", body, min(self.timeout, 30.0))).get("tokens")
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
             return  # no tokenize route (not vLLM): nothing to compare
         ours = self.tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]
         if theirs is not None and list(theirs) != list(ours):
             raise DraftlineError(
-                f"endpoint {url} serves '{self.models[url]}', whose tokenizer differs from the verifier's; "
+                f"endpoint {redact_url(url)} serves '{self.models[url]}', whose tokenizer differs from the verifier's; "
                 "corpus.endpoints must serve the verifier"
             )
 
@@ -143,17 +212,37 @@ class OpenAIEngine:
 
     def complete(self, url: str, request: Request) -> Result:
         path, body = self.body(url, request)
-        response = self.call(url, path, body)
+        return self.call(url, path, body, parse=lambda response: self.result(response, request, path, url))
+
+    def result(self, response: object, request: Request, path: str, url: str) -> Result:
+        """The server's answer checked before anything keeps it: ids in the vocabulary, at most
+        `max_tokens` of them, and the prompt it conditioned on equal to the ids sent (a chat prompt's
+        templated ids are the server's to choose)."""
+        response = json_object(response)
         try:
             choice = response["choices"][0]
             text = choice["message"]["content"] if "message" in choice else choice["text"]
             ids, reason = choice.get("token_ids"), choice["finish_reason"]
         except (KeyError, IndexError, TypeError):
-            raise DraftlineError(f"endpoint {url} answered {path} without choices[0]; is it OpenAI-compatible?") from None
-        prompt_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids") or list(request.prompt_ids)
+            raise DraftlineError(f"endpoint {redact_url(url)} answered {path} without choices[0]; "
+                                 "is it OpenAI-compatible?") from None
+        vocab_size = len(self.tokenizer)
+        prompt_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        if prompt_ids is None:
+            prompt_ids = list(request.prompt_ids)
+        prompt_ids = token_ids(prompt_ids, vocab_size, "prompt_token_ids")
+        if request.chat_text is None and prompt_ids != list(request.prompt_ids):
+            raise InvalidResponse("prompt_token_ids differ from the prompt ids sent")
+        if not prompt_ids:
+            raise InvalidResponse("prompt_token_ids is empty")
+        if text is not None and not isinstance(text, str):
+            raise InvalidResponse("the text is not a string")
         retokenized = ids is None
         if retokenized:
             ids = self.tokenizer(text or "", add_special_tokens=False)["input_ids"]
+        ids = token_ids(ids, vocab_size, "token_ids")
+        if len(ids) > request.max_new_tokens:
+            raise InvalidResponse(f"{len(ids)} tokens for max_tokens {request.max_new_tokens}")
         finish = "length" if reason == "length" else "eos"
         eos = self.tokenizer.eos_token_id
         if finish == "eos" and eos is not None and (not ids or ids[-1] != eos):

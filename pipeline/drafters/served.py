@@ -59,7 +59,7 @@ _AUTOCONFIG_PROBE = """
 import json, sys
 from transformers import AutoConfig
 try:
-    config = AutoConfig.from_pretrained(sys.argv[1])
+    config = AutoConfig.from_pretrained(sys.argv[1], trust_remote_code=False)
     print(json.dumps({"model_type": config.model_type, "class": type(config).__name__}))
 except Exception as error:
     lines = [line for line in str(error).strip().splitlines() if line.strip()]

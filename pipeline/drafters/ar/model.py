@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoModelForCausalLM,
-    AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -22,7 +21,7 @@ from transformers import (
 
 from pipeline.config import ARDrafterConfig
 from pipeline.errors import DraftlineError
-from pipeline.integrity import check_same_tokenizer, require_checkpoint
+from pipeline.integrity import check_same_tokenizer, load_pretrained, load_tokenizer, require_checkpoint
 
 _ARCHITECTURES = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
@@ -82,15 +81,10 @@ def load_pretrained_drafter(
     path: str, verifier: PreTrainedModel, verifier_tokenizer: PreTrainedTokenizerBase
 ) -> PreTrainedModel:
     """A local HF causal LM to start from; refused unless its tokenizer and vocabulary are the verifier's."""
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True)
-    except (OSError, ValueError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise DraftlineError(
-            f"train.ar.init_path '{path}' is not a local HF causal LM with a tokenizer ({first_line}); "
-            "point it at a saved model dir or set train.ar.init to 'verifier'"
-        ) from None
+    what = f"train.ar.init_path '{path}'"
+    fix = "point it at a local HF causal LM dir with a tokenizer or set train.ar.init to 'verifier'"
+    tokenizer = load_tokenizer(Path(path), what, fix)
+    model = load_pretrained(AutoModelForCausalLM.from_pretrained, Path(path), what, fix, use_safetensors=True)
     check_same_tokenizer(verifier_tokenizer, tokenizer, f"AR drafter init model '{path}'")
     check_same_vocabulary(model, verifier, f"AR drafter init model '{path}'")
     return model
@@ -109,4 +103,6 @@ def check_same_vocabulary(drafter: PreTrainedModel, verifier: PreTrainedModel, w
 def load_drafter(path: Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """A trained (or exported) AR drafter, frozen, for decoding and export."""
     require_checkpoint(path, "ar")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval().requires_grad_(False)
+    model = load_pretrained(AutoModelForCausalLM.from_pretrained, path, f"AR drafter at {path}",
+                            "retrain it (`dvc repro train_ar`)", use_safetensors=True, dtype=dtype)
+    return model.eval().requires_grad_(False)

@@ -30,8 +30,8 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
 from pipeline.config import BlockDrafterConfig
 from pipeline.errors import DraftlineError
+from pipeline.integrity import load_pretrained, require_checkpoint
 from pipeline.integrity import mask_token_id as tokenizer_mask_id
-from pipeline.integrity import require_checkpoint
 
 MASK_MODES = ("token", "learned")
 
@@ -467,7 +467,9 @@ def load_drafter(path: Path, dtype: torch.dtype = torch.float32) -> DFlashDraftM
     if "DFlashDraftModel" not in architectures:
         raise DraftlineError(f"{path}/config.json is not a DFlash drafter (architectures={architectures}); "
                              "re-run `dvc repro train_block`")
-    return DFlashDraftModel.from_pretrained(path, dtype=dtype).eval().requires_grad_(False)
+    model = load_pretrained(DFlashDraftModel.from_pretrained, path, f"block drafter at {path}",
+                            "retrain it (`dvc repro train_block`)", use_safetensors=True, dtype=dtype)
+    return model.eval().requires_grad_(False)
 
 
 AutoConfig.register(DFlashConfig.model_type, DFlashConfig, exist_ok=True)
