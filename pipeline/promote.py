@@ -28,7 +28,7 @@ from pipeline.config import DRAFTER_NAMES, Params
 from pipeline.errors import DraftlineError
 from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics
 from pipeline.integrity import verify_manifest
-from pipeline.lineage import hash_dir, hash_file, read_json
+from pipeline.lineage import hash_file, library_versions, model_identity, read_json, version_tags
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
 from pipeline.registry import (
@@ -206,7 +206,7 @@ def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluati
         TAG_EVAL_KEY: eval_key,
         "draftline.source": source,
         "draftline.source_path": str(checkpoint),
-        "draftline.artifact_sha256": artifact_hash,
+        "draftline.model_identity": artifact_hash,
         "draftline.eval_sha256": evaluation.sha256,
         "draftline.backend": str(drafter_eval.get("backend", "unknown")),
         TAG_TRAIN_RUN: str(train_run_id or "none"),
@@ -217,6 +217,7 @@ def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluati
         "lineage.git_commit": str(lineage.get("git_commit", "unknown")),
         **{tag_key(f"dvc.{stage}"): digest for stage, digest in dvc_stage_hashes().items()},
         **export_tags(paths, kind),
+        **version_tags(),
     }
     if train_run_id and train_run is None:
         tags["draftline.train_run_found"] = "false"  # trained against another tracking store
@@ -266,23 +267,43 @@ def gate_version(registry: Registry, params: Params, name: str, version: str) ->
     return decision
 
 
+def other_verifier_champion(registry: Registry, params: Params, name: str, kind: str) -> str | None:
+    """`models:/<model>@champion` of the most recently updated registered model of this kind under
+    another verifier that has a champion, or None. Its metrics come from another verifier, so the gate
+    never compares against it."""
+    prefix = registered_model_name(params.promote.model_name_prefix, "", "")
+    others = [model for model in registry.models(f"{prefix}-")
+              if model.name != name and model.name.endswith(f"-{kind}")]
+    for model in sorted(others, key=lambda model: model.last_updated_timestamp or 0, reverse=True):
+        champion = registry.alias_version(model.name, CHAMPION)
+        if champion is not None:
+            return f"models:/{model.name}@{CHAMPION} (v{champion.version})"
+    return None
+
+
 def promote_drafter(registry: Registry, params: Params, paths: ArtifactPaths, evaluation: Evaluation,
                     kind: str) -> dict:
     name = registered_model_name(params.promote.model_name_prefix, evaluation.verifier_id, kind)
     checkpoint, source = drafter_checkpoint(paths, kind)
-    artifact_hash = hash_dir(checkpoint)
+    artifact_hash = model_identity(checkpoint)
     eval_key = hashlib.sha256(f"{evaluation.sha256}:{kind}:{artifact_hash}".encode()).hexdigest()[:32]
+    not_comparable = None if registry.alias_version(name, CHAMPION) else other_verifier_champion(
+        registry, params, name, kind)
 
     existing = registry.find_version(name, eval_key)
     if existing is not None and TAG_GATE_DECISION in existing.tags:
         decision = GateDecision.from_dict(json.loads(existing.tags[TAG_GATE_DECISION]))
-        return _version_record(registry, name, str(existing.version), decision, already_registered=True)
-    # A version without a decision is left over from an interrupted run: gate it, don't duplicate it.
-    version = str(existing.version) if existing is not None else _register(
-        registry, params, paths, evaluation, kind, name, eval_key, checkpoint, source, artifact_hash
-    )
-    decision = gate_version(registry, params, name, version)
-    return _version_record(registry, name, version, decision, already_registered=existing is not None)
+        version, already_registered = str(existing.version), True
+    else:
+        # A version without a decision is left over from an interrupted run: gate it, don't duplicate it.
+        version = str(existing.version) if existing is not None else _register(
+            registry, params, paths, evaluation, kind, name, eval_key, checkpoint, source, artifact_hash
+        )
+        decision = gate_version(registry, params, name, version)
+        already_registered = existing is not None
+    record = _version_record(registry, name, version, decision, already_registered=already_registered)
+    record["other_verifier_champion"] = not_comparable
+    return record
 
 
 def serve_check_refusals(params: Params, paths: ArtifactPaths, kinds: list[str]) -> dict[str, str]:
@@ -325,6 +346,9 @@ def print_decision(kind: str, record: dict) -> None:
     console.print(comparisons_table(title, record["comparisons"]))
     for reason in record["reasons"]:
         console.print(f"  [red]x[/] {reason}")
+    if record.get("other_verifier_champion"):
+        console.print(f"  the champion under the previous verifier, {record['other_verifier_champion']}, is not "
+                      f"comparable (another verifier): {record['model_name']} is gated on its own", soft_wrap=True)
     champion, previous = record["champion_version"], record["previous_champion_version"]
     console.print(f"  champion: {f'v{champion}' if champion else 'none'}  previous_champion: "
                   f"{f'v{previous}' if previous else 'none'}  ({record['model_uri']})")
@@ -345,6 +369,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
         "tracking_uri": registry.uri,
         "experiment": params.tracking.experiment,
         "eval_sha256": evaluation.sha256,
+        "library_versions": library_versions(),
         "drafters": records,
     }
     write_json_atomic(paths.metrics / "promotion.json", report)

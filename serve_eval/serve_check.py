@@ -34,7 +34,7 @@ from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params, ServeCheckConfig
 from pipeline.errors import DraftlineError
-from pipeline.lineage import read_json
+from pipeline.lineage import library_versions, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info
 from pipeline.serve_env import serve_python
@@ -214,6 +214,8 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     python = serve_python()
     model = next(iter(jobs.values()))["model"]
     report: dict = {"verifier": model, "serve_python": str(python) if python else None,
+                    "library_versions": library_versions(),
+                    "serve_library_versions": library_versions(python) if python else None,
                     "tau_definition": TAU_DEFINITION, "prompts_per_domain": config.prompts_per_domain,
                     "max_new_tokens": config.max_new_tokens, "max_tau_gap": config.max_tau_gap,
                     "baseline": None, "drafters": {}}
