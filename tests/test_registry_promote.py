@@ -313,6 +313,28 @@ def test_concurrent_promotions_register_one_version(tmp_path, tokenizer_dir):
     assert registry.alias_version(ws.name("ar"), PREVIOUS_CHAMPION).version == 1
 
 
+def test_new_verifier_says_the_old_champion_is_not_comparable(tmp_path, tokenizer_dir, capsys):
+    """A drafter for another verifier starts its own registered model; promote names the old champion
+    in one line instead of comparing against it. Library versions are tagged on the version."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old = _ready_workspace(tmp_path / "old", store, "verifier-aaaa", tokenizer_dir, seed=1)
+    new = _ready_workspace(tmp_path / "new", store, "verifier-bbbb", tokenizer_dir, seed=2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(old.root)
+        assert old.promote()["drafters"]["ar"]["other_verifier_champion"] is None
+        capsys.readouterr()
+        patch.chdir(new.root)
+        record = new.promote()["drafters"]["ar"]
+    assert record["model_name"] == "dl-verifier-bbbb-ar" and record["promoted"] and record["version"] == "1"
+    assert record["other_verifier_champion"] == "models:/dl-verifier-aaaa-ar@champion (v1)"
+    lines = [line for line in capsys.readouterr().err.splitlines() if "not comparable" in line]
+    assert len(lines) == 1 and "dl-verifier-aaaa-ar@champion" in lines[0] and "dl-verifier-bbbb-ar" in lines[0]
+    tags = Registry(store).version("dl-verifier-bbbb-ar", "1").tags
+    assert tags["library.torch"] == torch.__version__ and tags["library.transformers"]
+
+
 @pytest.mark.parametrize("content, expected", [
     (b"", "is empty (0 bytes)"),
     (b"this is not a database" * 100, "is not an SQLite database"),
