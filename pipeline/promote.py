@@ -3,8 +3,10 @@
 For each drafter in `metrics/eval.json`: one MLflow run (child of its training run when that run is
 in the same experiment) holding the evaluation metrics, inputs and the serving checkpoint as a logged
 model, registered as a new version of `<prefix>-<verifier id>-<kind>`. The gate decides whether the
-`champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint hash), so rerunning on the
-same evaluation finds the version it registered before and changes nothing.
+`champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint identity), so rerunning on
+the same evaluation finds the version it registered before and changes nothing. A new verifier means a
+new registered model: its first promotion names the previous verifier's champion, which it is not
+compared against.
 With `serve_check.required` (the default) a drafter whose stage `serve_check` did not pass (it did not
 load in vLLM, its outputs differed, or it was skipped) is refused before registration.
 """
@@ -191,7 +193,7 @@ def _version_record(registry: Registry, name: str, version: str, decision: GateD
 
 
 def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluation: Evaluation, kind: str,
-              name: str, eval_key: str, checkpoint: Path, source: str, artifact_hash: str) -> str:
+              name: str, eval_key: str, checkpoint: Path, source: str, identity: str) -> str:
     """One run + logged model + registered version for this drafter; returns the version number."""
     training = load_training(paths, kind, evaluation)
     lineage = training.get("lineage") or {}
@@ -206,7 +208,7 @@ def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluati
         TAG_EVAL_KEY: eval_key,
         "draftline.source": source,
         "draftline.source_path": str(checkpoint),
-        "draftline.model_identity": artifact_hash,
+        "draftline.model_identity": identity,
         "draftline.eval_sha256": evaluation.sha256,
         "draftline.backend": str(drafter_eval.get("backend", "unknown")),
         TAG_TRAIN_RUN: str(train_run_id or "none"),
@@ -285,8 +287,8 @@ def promote_drafter(registry: Registry, params: Params, paths: ArtifactPaths, ev
                     kind: str) -> dict:
     name = registered_model_name(params.promote.model_name_prefix, evaluation.verifier_id, kind)
     checkpoint, source = drafter_checkpoint(paths, kind)
-    artifact_hash = model_identity(checkpoint)
-    eval_key = hashlib.sha256(f"{evaluation.sha256}:{kind}:{artifact_hash}".encode()).hexdigest()[:32]
+    identity = model_identity(checkpoint)
+    eval_key = hashlib.sha256(f"{evaluation.sha256}:{kind}:{identity}".encode()).hexdigest()[:32]
     not_comparable = None if registry.alias_version(name, CHAMPION) else other_verifier_champion(
         registry, params, name, kind)
 
@@ -297,7 +299,7 @@ def promote_drafter(registry: Registry, params: Params, paths: ArtifactPaths, ev
     else:
         # A version without a decision is left over from an interrupted run: gate it, don't duplicate it.
         version = str(existing.version) if existing is not None else _register(
-            registry, params, paths, evaluation, kind, name, eval_key, checkpoint, source, artifact_hash
+            registry, params, paths, evaluation, kind, name, eval_key, checkpoint, source, identity
         )
         decision = gate_version(registry, params, name, version)
         already_registered = existing is not None
