@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from datasets import Dataset, DatasetDict
 
 from data_prep.verifier import write_record
@@ -56,6 +57,7 @@ def test_evaluate_writes_contract_metrics_and_plots(project, monkeypatch):
     assert main(["--params", write_params(project)]) == 0
     report = json.loads((project / "metrics" / "eval.json").read_text())
     assert set(report["verifier"]) == {"id", "hash"} and report["corpus_hash"]
+    assert report["library_versions"]["torch"] == torch.__version__
     assert set(report["drafters"]) == {"ar", "block"}
     for entry in report["drafters"].values():
         assert entry["backend"] == "torch"
