@@ -29,7 +29,7 @@ from pipeline.cli import run_stage, stage_parser
 from pipeline.config import DRAFTER_NAMES, Params
 from pipeline.errors import DraftlineError
 from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics
-from pipeline.integrity import verify_manifest
+from pipeline.integrity import safetensors_shapes, verify_manifest
 from pipeline.lineage import hash_file, library_versions, model_identity, read_json, version_tags
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
@@ -96,6 +96,7 @@ def drafter_checkpoint(paths: ArtifactPaths, kind: str) -> tuple[Path, str]:
         return serving, "export"
     trained = paths.drafter(kind)
     if (trained / "config.json").is_file():
+        safetensors_shapes(trained, f"retrain it (`dvc repro train_{kind}`)")  # its identity reads every tensor
         return trained, "drafter"
     raise DraftlineError(
         f"no checkpoint for the {kind} drafter ({serving} and {trained} have no config.json); "
