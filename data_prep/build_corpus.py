@@ -37,6 +37,7 @@ from pipeline.cli import run_stage, stage_parser
 from pipeline.config import CorpusConfig, Params, SamplingConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import load_pretrained
+from pipeline.lineage import library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
 
@@ -350,6 +351,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
         "roundtrip_mismatches": roundtrip_mismatches(tokenizer, rows),
         "retokenized_responses": sum(bool(row.get("retokenized")) for row in rows),
         "chat_template_mismatches": sum(bool(row.get("template_mismatch")) for row in rows),
+        "library_versions": library_versions(),
     })
     with atomic_dir(paths.corpus) as tmp:
         build_dataset(rows).save_to_disk(str(tmp))

@@ -16,7 +16,7 @@ from transformers.utils import logging as transformers_logging
 from pipeline.atomic import write_json_atomic
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_loadable_dir, safetensors_shapes
-from pipeline.lineage import hash_dir
+from pipeline.lineage import library_versions, model_identity
 from pipeline.paths import ArtifactPaths
 
 RECORD_NAME = "verifier.json"
@@ -39,13 +39,16 @@ def read_record(paths: ArtifactPaths) -> dict:
 
 def write_record(directory: Path, *, source: str, name_or_path: str, id_prefix: str,
                  trust_remote_code: bool = False, model_dir: Path | None = None) -> dict:
-    """Write `verifier.json` into `directory`; the hash covers `model_dir` (default: `directory` itself).
+    """Write `verifier.json` into `directory`; the hash is the model identity of `model_dir` (default:
+    `directory` itself), so the id, and the registered model names built from it, survive a library
+    upgrade that only re-stamps the checkpoint's files.
 
     Tests use it too: a checkpoint saved into `artifacts/verifier/` plus this record is a verifier.
     """
-    content_hash = hash_dir(model_dir or directory, exclude=(RECORD_NAME,))
+    content_hash = model_identity(model_dir or directory)
     record = {"source": source, "name_or_path": name_or_path, "hash": content_hash,
-              "id": f"{id_prefix}-{content_hash[:12]}", "trust_remote_code": trust_remote_code}
+              "id": f"{id_prefix}-{content_hash[:12]}", "trust_remote_code": trust_remote_code,
+              "library_versions": library_versions()}
     write_json_atomic(Path(directory) / RECORD_NAME, record)
     return record
 

@@ -27,7 +27,7 @@ from pipeline.drafters.onnx_io import MANIFEST_NAME, ParityReport, export_onnx, 
 from pipeline.drafters.registry import KINDS
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer, load_tokenizer
-from pipeline.lineage import git_commit, hash_dir, read_json
+from pipeline.lineage import git_commit, library_versions, model_identity, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 
@@ -37,8 +37,8 @@ PARITY_NAME = "parity.json"
 def _drafter_lineage(drafter_dir: Path, params: Params) -> dict:
     training = drafter_dir / "training.json"
     recorded = read_json(training).get("lineage", {}) if training.is_file() else {}
-    return {**recorded, "drafter_hash": hash_dir(drafter_dir), "export_params_hash": params.section_hash("export"),
-            "export_git_commit": git_commit()}
+    return {**recorded, "drafter_hash": model_identity(drafter_dir), "export_params_hash": params.section_hash("export"),
+            "export_git_commit": git_commit(), "export_library_versions": library_versions()}
 
 
 def _serving_verifier(paths: ArtifactPaths) -> str:

@@ -10,7 +10,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from pipeline.errors import DraftlineError
-from pipeline.lineage import hash_dir, hash_file
+from pipeline.lineage import hash_file, model_identity
 
 MASK_TOKEN = "<|mask|>"  # the block drafter's mask token, when a tokenizer has no mask_token of its own
 # Weight formats that unpickle (and so can run code) when loaded; only *.safetensors are ever read.
@@ -40,7 +40,7 @@ def measured_artifacts(drafter_dir: Path, export_dir: Path) -> dict[str, str | N
     holds every exported file's sha256 and the drafter hash it was exported from). Promotion recomputes
     these and refuses metrics that belong to other artifacts than the ones it registers."""
     manifest = export_dir / "manifest.json"
-    return {"drafter_sha256": hash_dir(drafter_dir) if drafter_dir.is_dir() else None,
+    return {"drafter_identity": model_identity(drafter_dir) if drafter_dir.is_dir() else None,
             "export_manifest_sha256": hash_file(manifest) if manifest.is_file() else None}
 
 

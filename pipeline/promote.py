@@ -3,11 +3,12 @@
 For each drafter in `metrics/eval.json`: one MLflow run (child of its training run when that run is
 in the same experiment) holding the evaluation metrics, inputs and the serving checkpoint as a logged
 model, registered as a new version of `<prefix>-<verifier id>-<kind>`. The gate decides whether the
-`champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint hash), so rerunning on the
-same evaluation finds the version it registered before and changes nothing; a checkpoint already
-registered with other metrics is not registered again.
-Metrics are bound to artifacts: eval.json and serving.json record the hashes of the drafter, export and
-verifier they measured, and a drafter whose files hash differently now is refused before registration.
+`champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint identity), so rerunning on
+the same evaluation finds the version it registered before and changes nothing; a checkpoint already
+registered with other metrics is not registered again. A new verifier means a new registered model:
+its first promotion names the previous verifier's champion, which it is not compared against.
+Metrics are bound to artifacts: eval.json and serving.json record the identities of the drafter, export
+and verifier they measured, and a drafter whose files differ now is refused before registration.
 With `serve_check.required` (the default) a drafter whose stage `serve_check` did not pass (it did not
 load in vLLM, its outputs differed, or it was skipped) is refused too; pass/fail is rederived from the
 recorded outputs and τ, not read from the recorded status.
@@ -33,8 +34,8 @@ from pipeline.cli import run_stage, stage_parser
 from pipeline.config import DRAFTER_NAMES, Params
 from pipeline.errors import DraftlineError, redact_url
 from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics, is_finite
-from pipeline.integrity import measured_artifacts, verify_manifest
-from pipeline.lineage import hash_dir, hash_file, read_json
+from pipeline.integrity import measured_artifacts, safetensors_shapes, verify_manifest
+from pipeline.lineage import hash_file, library_versions, model_identity, read_json, version_tags
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
 from pipeline.registry import (
@@ -101,6 +102,7 @@ def drafter_checkpoint(paths: ArtifactPaths, kind: str) -> tuple[Path, str]:
         return serving, "export"
     trained = paths.drafter(kind)
     if (trained / "config.json").is_file():
+        safetensors_shapes(trained, f"retrain it (`dvc repro train_{kind}`)")  # its identity reads every tensor
         return trained, "drafter"
     raise DraftlineError(
         f"no checkpoint for the {kind} drafter ({serving} and {trained} have no config.json); "
@@ -198,7 +200,7 @@ def _version_record(registry: Registry, name: str, version: str, decision: GateD
 
 
 def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluation: Evaluation, kind: str,
-              name: str, eval_key: str, checkpoint: Path, source: str, artifact_hash: str) -> str:
+              name: str, eval_key: str, checkpoint: Path, source: str, identity: str) -> str:
     """One run + logged model + registered version for this drafter; returns the version number."""
     training = load_training(paths, kind, evaluation)
     lineage = training.get("lineage") or {}
@@ -213,7 +215,7 @@ def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluati
         TAG_EVAL_KEY: eval_key,
         "draftline.source": source,
         "draftline.source_path": str(checkpoint),
-        TAG_ARTIFACT: artifact_hash,
+        TAG_ARTIFACT: identity,
         "draftline.eval_sha256": evaluation.sha256,
         "draftline.backend": str(drafter_eval.get("backend", "unknown")),
         TAG_TRAIN_RUN: str(train_run_id or "none"),
@@ -224,6 +226,7 @@ def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluati
         "lineage.git_commit": str(lineage.get("git_commit", "unknown")),
         **{tag_key(f"dvc.{stage}"): digest for stage, digest in dvc_stage_hashes().items()},
         **export_tags(paths, kind),
+        **version_tags(),
     }
     if train_run_id and train_run is None:
         tags["draftline.train_run_found"] = "false"  # trained against another tracking store
@@ -273,23 +276,43 @@ def gate_version(registry: Registry, params: Params, name: str, version: str) ->
     return decision
 
 
+def other_verifier_champion(registry: Registry, params: Params, name: str, kind: str) -> str | None:
+    """`models:/<model>@champion` of the most recently updated registered model of this kind under
+    another verifier that has a champion, or None. Its metrics come from another verifier, so the gate
+    never compares against it."""
+    prefix = registered_model_name(params.promote.model_name_prefix, "", "")
+    others = [model for model in registry.models(f"{prefix}-")
+              if model.name != name and model.name.endswith(f"-{kind}")]
+    for model in sorted(others, key=lambda model: model.last_updated_timestamp or 0, reverse=True):
+        champion = registry.alias_version(model.name, CHAMPION)
+        if champion is not None:
+            return f"models:/{model.name}@{CHAMPION} (v{champion.version})"
+    return None
+
+
 def promote_drafter(registry: Registry, params: Params, paths: ArtifactPaths, evaluation: Evaluation,
                     kind: str) -> dict:
     name = registered_model_name(params.promote.model_name_prefix, evaluation.verifier_id, kind)
     checkpoint, source = drafter_checkpoint(paths, kind)
-    artifact_hash = hash_dir(checkpoint)
-    eval_key = hashlib.sha256(f"{evaluation.sha256}:{kind}:{artifact_hash}".encode()).hexdigest()[:32]
+    identity = model_identity(checkpoint)
+    eval_key = hashlib.sha256(f"{evaluation.sha256}:{kind}:{identity}".encode()).hexdigest()[:32]
+    not_comparable = None if registry.alias_version(name, CHAMPION) else other_verifier_champion(
+        registry, params, name, kind)
 
-    existing = registry.find_version(name, eval_key) or registry.find_version(name, artifact_hash, TAG_ARTIFACT)
+    existing = registry.find_version(name, eval_key) or registry.find_version(name, identity, TAG_ARTIFACT)
     if existing is not None and TAG_GATE_DECISION in existing.tags:
         decision = GateDecision.from_dict(json.loads(existing.tags[TAG_GATE_DECISION]))
-        return _version_record(registry, name, str(existing.version), decision, already_registered=True)
-    # A version without a decision is left over from an interrupted run: gate it, don't duplicate it.
-    version = str(existing.version) if existing is not None else _register(
-        registry, params, paths, evaluation, kind, name, eval_key, checkpoint, source, artifact_hash
-    )
-    decision = gate_version(registry, params, name, version)
-    return _version_record(registry, name, version, decision, already_registered=existing is not None)
+        version, already_registered = str(existing.version), True
+    else:
+        # A version without a decision is left over from an interrupted run: gate it, don't duplicate it.
+        version = str(existing.version) if existing is not None else _register(
+            registry, params, paths, evaluation, kind, name, eval_key, checkpoint, source, identity
+        )
+        decision = gate_version(registry, params, name, version)
+        already_registered = existing is not None
+    record = _version_record(registry, name, version, decision, already_registered=already_registered)
+    record["other_verifier_champion"] = not_comparable
+    return record
 
 
 def max_tau(paths: ArtifactPaths, kind: str) -> float:
@@ -326,15 +349,15 @@ def binding_refusals(paths: ArtifactPaths, evaluation: Evaluation, serving: dict
         now = measured_artifacts(paths.drafter(kind), paths.export(kind))
         manifest = paths.export(kind) / "manifest.json"
         exported_from = ((read_json(manifest).get("lineage") or {}).get("drafter_hash")
-                         if manifest.is_file() else now["drafter_sha256"])
+                         if manifest.is_file() else now["drafter_identity"])
         reason = unbound_reason("metrics/eval.json", evaluation.drafters[kind], evaluation.verifier_hash, now,
                                 verifier_hash)
         if reason is None and serving is not None:
             reason = unbound_reason("metrics/serving.json", (serving.get("drafters") or {}).get(kind) or {},
                                     serving.get("verifier_hash"), now, verifier_hash)
-        if reason is None and exported_from != now["drafter_sha256"]:
+        if reason is None and exported_from != now["drafter_identity"]:
             reason = (f"{paths.export(kind)} was exported from drafter {_short(exported_from)}, not from "
-                      f"{paths.drafter(kind)} ({_short(now['drafter_sha256'])}); rerun `dvc repro export`")
+                      f"{paths.drafter(kind)} ({_short(now['drafter_identity'])}); rerun `dvc repro export`")
         if reason:
             refusals[kind] = reason
     return refusals
@@ -416,6 +439,9 @@ def print_decision(kind: str, record: dict) -> None:
     console.print(comparisons_table(title, record["comparisons"]))
     for reason in record["reasons"]:
         console.print(f"  [red]x[/] {reason}")
+    if record.get("other_verifier_champion"):
+        console.print(f"  the champion under the previous verifier, {record['other_verifier_champion']}, is not "
+                      f"comparable (another verifier): {record['model_name']} is gated on its own", soft_wrap=True)
     champion, previous = record["champion_version"], record["previous_champion_version"]
     console.print(f"  champion: {f'v{champion}' if champion else 'none'}  previous_champion: "
                   f"{f'v{previous}' if previous else 'none'}  ({record['model_uri']})")
@@ -438,6 +464,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
         "tracking_uri": redact_url(registry.uri),
         "experiment": params.tracking.experiment,
         "eval_sha256": evaluation.sha256,
+        "library_versions": library_versions(),
         "drafters": records,
     }
     write_json_atomic(paths.metrics / "promotion.json", report)

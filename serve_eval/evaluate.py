@@ -21,6 +21,7 @@ from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params, SamplingConfig
 from pipeline.drafters.kind import Proposer
 from pipeline.integrity import measured_artifacts
+from pipeline.lineage import library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info, progress
 from serve_eval.decoding import Generation, decode
@@ -77,7 +78,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     identity = verifier_identity(paths)
     drafters = load_drafters(paths, config, verifier, tokenizer)  # fails early when one is missing
     report: dict = {"verifier": {"id": identity["id"], "hash": identity["hash"]},
-                    "corpus_hash": corpus_hash(paths),
+                    "corpus_hash": corpus_hash(paths), "library_versions": library_versions(),
                     "tau_definition": "tokens committed per verifier forward, bonus/correction token included",
                     "drafters": {}}
     tallies: dict[tuple[str, str, str], Tally] = {}

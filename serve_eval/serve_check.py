@@ -35,7 +35,7 @@ from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params, ServeCheckConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import measured_artifacts
-from pipeline.lineage import read_json
+from pipeline.lineage import library_versions, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info
 from pipeline.serve_env import serve_python
@@ -219,6 +219,8 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     model = next(iter(jobs.values()))["model"]
     report: dict = {"verifier": model, "verifier_hash": verifier_identity(paths)["hash"],
                     "serve_python": str(python) if python else None,
+                    "library_versions": library_versions(),
+                    "serve_library_versions": library_versions(python) if python else None,
                     "tau_definition": TAU_DEFINITION, "prompts_per_domain": config.prompts_per_domain,
                     "max_new_tokens": config.max_new_tokens, "max_tau_gap": config.max_tau_gap,
                     "baseline": None, "drafters": {}}

@@ -19,6 +19,7 @@ from data_prep.verifier import load_verifier, verifier_identity
 from pipeline.config import load_params
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_same_tokenizer, mask_token_id
+from pipeline.lineage import hash_file
 from pipeline.paths import ArtifactPaths
 from tests.tiny_models import tiny_tokenizer
 
@@ -65,6 +66,8 @@ def test_tiny_bootstrap_trains_and_saves_a_standard_checkpoint(tmp_path, capsys)
     paths = ArtifactPaths.from_params(load_params(params))
     identity = verifier_identity(paths)
     assert identity["source"] == "bootstrap" and identity["id"].endswith(identity["hash"][:12])
+    versions = json.loads((directory / "verifier.json").read_text())["library_versions"]
+    assert versions["torch"] == torch.__version__ and versions["transformers"]
     loaded, loaded_tokenizer = load_verifier(paths)
     assert not loaded.training and not any(p.requires_grad for p in loaded.parameters())
     ids = torch.tensor([loaded_tokenizer("def f(x):")["input_ids"]])
@@ -97,8 +100,11 @@ def _weights_digest(directory: Path) -> str:
     return hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()
 
 
+METADATA_FILES = ("bootstrap.json", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
 def test_same_params_give_bitwise_identical_weights_and_directory(tmp_path):
-    digests, records = [], []
+    digests, records, files = [], [], []
     for run in ("first", "second"):
         (tmp_path / run).mkdir()
         params = write_params(tmp_path / run, {"bootstrap": {**TINY_BOOTSTRAP, "max_steps": 4, "eval_every": 4}})
@@ -106,9 +112,11 @@ def test_same_params_give_bitwise_identical_weights_and_directory(tmp_path):
         directory = tmp_path / run / "artifacts" / "verifier"
         digests.append(_weights_digest(directory))
         records.append(json.loads((directory / "verifier.json").read_text()))
+        files.append({name: hash_file(directory / name) for name in METADATA_FILES})
     assert digests[0] == digests[1]
-    # the whole directory (tokenizer, config, bootstrap.json: no wall times in it) hashes the same
-    assert records[0]["hash"] == records[1]["hash"]
+    # the model identity, and every file the stage writes besides verifier.json (whose name_or_path is
+    # this run's directory), byte for byte: bootstrap.json has no wall times in it
+    assert records[0]["id"] == records[1]["id"] and files[0] == files[1]
     # and the seed matters: a different one gives different weights
     (tmp_path / "seed").mkdir()
     params = write_params(tmp_path / "seed", {"bootstrap": {**TINY_BOOTSTRAP, "max_steps": 4, "eval_every": 4}})

@@ -3,10 +3,11 @@
 import json
 
 import pytest
+import torch
 from datasets import Dataset, DatasetDict
 
 from data_prep.verifier import write_record
-from pipeline.lineage import hash_dir
+from pipeline.lineage import model_identity
 from serve_eval.evaluate import main
 from tests.test_spec_loops import block_model
 from tests.tiny_models import save_tiny_verifier, tiny_qwen3
@@ -57,11 +58,12 @@ def test_evaluate_writes_contract_metrics_and_plots(project, monkeypatch):
     assert main(["--params", write_params(project)]) == 0
     report = json.loads((project / "metrics" / "eval.json").read_text())
     assert set(report["verifier"]) == {"id", "hash"} and report["corpus_hash"]
+    assert report["library_versions"]["torch"] == torch.__version__
     assert set(report["drafters"]) == {"ar", "block"}
     for kind, entry in report["drafters"].items():
         assert entry["backend"] == "torch"
         # bound to what it measured: promotion recomputes this hash and refuses on a difference
-        assert entry["drafter_sha256"] == hash_dir(project / "artifacts" / "drafters" / kind)
+        assert entry["drafter_identity"] == model_identity(project / "artifacts" / "drafters" / kind)
         assert entry["mismatches"] == 0 and entry["lossless"] is True
         assert set(entry["by_temperature"]) == {"0.0", "0.8"}
         for domains in entry["by_temperature"].values():

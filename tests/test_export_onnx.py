@@ -121,6 +121,7 @@ def test_manifest_hashes_and_io(exported, kind, tiny_verifier_dir):
     assert input_names[:2] == (["input_ids", "position_ids"] if kind == "ar" else ["anchor_ids", "anchor_positions"])
     assert manifest["skipped"]["tensorrt"]  # no CUDA / no package here: recorded with its reason
     assert manifest["lineage"]["verifier_id"] == "tiny" and manifest["lineage"]["drafter_hash"]
+    assert manifest["lineage"]["export_library_versions"]["torch"] == torch.__version__
 
 
 def test_onnx_graph_has_dynamic_axes(exported):

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 
 from pipeline import promote, registry_cli
 from pipeline.integrity import measured_artifacts
-from pipeline.lineage import hash_dir
+from pipeline.lineage import model_identity
 from pipeline.registry import CHAMPION, PREVIOUS_CHAMPION, Registry, registered_model_name
 from tests.tiny_models import tiny_qwen3, tiny_tokenizer
 
@@ -103,7 +103,7 @@ class Workspace:
             manifest = self.root / f"artifacts/export/{kind}/manifest.json"
             if manifest.is_file():
                 recorded = json.loads(manifest.read_text())
-                recorded["lineage"] = {"drafter_hash": hash_dir(self.root / f"artifacts/drafters/{kind}")}
+                recorded["lineage"] = {"drafter_hash": model_identity(self.root / f"artifacts/drafters/{kind}")}
                 manifest.write_text(json.dumps(recorded))
         drafters = {kind: {**entry, **self.measured(kind)} for kind, entry in drafters.items()}
         path = self.root / "metrics/eval.json"
@@ -333,6 +333,28 @@ def test_concurrent_promotions_register_one_version(tmp_path, tokenizer_dir):
     assert registry.alias_version(ws.name("ar"), PREVIOUS_CHAMPION).version == 1
 
 
+def test_new_verifier_says_the_old_champion_is_not_comparable(tmp_path, tokenizer_dir, capsys):
+    """A drafter for another verifier starts its own registered model; promote names the old champion
+    in one line instead of comparing against it. Library versions are tagged on the version."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old = _ready_workspace(tmp_path / "old", store, "verifier-aaaa", tokenizer_dir, seed=1)
+    new = _ready_workspace(tmp_path / "new", store, "verifier-bbbb", tokenizer_dir, seed=2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(old.root)
+        assert old.promote()["drafters"]["ar"]["other_verifier_champion"] is None
+        capsys.readouterr()
+        patch.chdir(new.root)
+        record = new.promote()["drafters"]["ar"]
+    assert record["model_name"] == "dl-verifier-bbbb-ar" and record["promoted"] and record["version"] == "1"
+    assert record["other_verifier_champion"] == "models:/dl-verifier-aaaa-ar@champion (v1)"
+    lines = [line for line in capsys.readouterr().err.splitlines() if "not comparable" in line]
+    assert len(lines) == 1 and "dl-verifier-aaaa-ar@champion" in lines[0] and "dl-verifier-bbbb-ar" in lines[0]
+    tags = Registry(store).version("dl-verifier-bbbb-ar", "1").tags
+    assert tags["library.torch"] == torch.__version__ and tags["library.transformers"]
+
+
 @pytest.mark.parametrize("content, expected", [
     (b"", "is empty (0 bytes)"),
     (b"this is not a database" * 100, "is not an SQLite database"),
@@ -406,7 +428,7 @@ def test_metrics_of_other_artifacts_are_refused(tmp_path, tokenizer_dir, capsys)
     ws.write_training("ar", None, verifier_hash=ws.verifier_hash)  # retrained: training.json rewritten
     (ws.root / "artifacts/drafters/ar/model.safetensors").write_bytes(b"retrained")
     ar = _promoted(ws)
-    assert ar["decision"] == "refused" and "drafter_sha256" in ar["reasons"][0] and "rerun" in ar["reasons"][0]
+    assert ar["decision"] == "refused" and "drafter_identity" in ar["reasons"][0] and "rerun" in ar["reasons"][0]
     assert "REFUSED" in capsys.readouterr().err
     assert Registry(store).models() == []
 

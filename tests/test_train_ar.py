@@ -108,6 +108,12 @@ def test_train_ar_auto_in_process(tmp_path):
     assert metrics["steps"] == 30
     assert info["mlflow_run_id"]
     AutoModelForCausalLM.from_pretrained(tmp_path / "artifacts" / "drafters" / "ar")
+    # the environment that trained it: in training.json and on the MLflow run
+    assert info["lineage"]["library_versions"]["torch"] == torch.__version__
+    from mlflow import MlflowClient
+
+    run_tags = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(info["mlflow_run_id"]).data.tags
+    assert run_tags["library.torch"] == torch.__version__ and run_tags["library.lightning"]
 
 
 def test_pretrained_init_with_other_vocabulary_is_refused(tmp_path):

@@ -21,7 +21,7 @@ from data_prep.corpus import corpus_hash, load_corpus
 from data_prep.verifier import load_verifier, verifier_identity
 from pipeline.atomic import write_json_atomic
 from pipeline.config import Params, TrainerConfig
-from pipeline.lineage import git_commit
+from pipeline.lineage import git_commit, library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 from pipeline.tracking import check_store, tracking_uri
@@ -117,6 +117,7 @@ def distill(params: Params, make_recipe: RecipeFactory) -> dict | None:
             "corpus_hash": data_hash,
             "params_hash": params.section_hash("train"),
             "git_commit": git_commit(),
+            "library_versions": library_versions(),
         },
     }
     scalars = _scalars(trained, recipe.agreement_keys)

@@ -21,7 +21,7 @@ from torch import nn
 
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.config import DrafterName, Params, TrainerConfig
-from pipeline.lineage import read_json
+from pipeline.lineage import read_json, version_tags
 from pipeline.progress import info
 from pipeline.tracking import sqlite_artifact_root, tracking_uri
 from train.strategies import make_strategy, uses_gpu
@@ -207,7 +207,7 @@ def make_mlflow_logger(params: Params, kind: DrafterName, checkpoint_dir: Path) 
         tracking_uri=uri,
         # where promotion expects it when training creates the experiment first: next to the sqlite file
         artifact_location=sqlite_artifact_root(uri),
-        tags={"draftline.kind": kind, "draftline.stage": "train", TAG_CHECKPOINTS: checkpoints},
+        tags={"draftline.kind": kind, "draftline.stage": "train", TAG_CHECKPOINTS: checkpoints, **version_tags()},
         log_model=False,
     )
     if is_rank_zero():
