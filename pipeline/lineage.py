@@ -75,6 +75,8 @@ def _tensor_digests(path: Path) -> dict[str, str]:
     digests = {}
     with open(path, "rb") as handle:
         header_size = int.from_bytes(handle.read(8), "little")
+        if header_size > path.stat().st_size - 8:
+            raise ValueError(f"{path} is not a safetensors file")
         header = json.loads(handle.read(header_size))
         for name, entry in header.items():
             if name == "__metadata__":
@@ -103,12 +105,16 @@ def model_identity(directory: Path) -> str:
     tensors: dict[str, str] = {}
     for file in sorted(p for p in directory.rglob("*") if p.is_file()):
         relative = file.relative_to(directory).as_posix()
-        if file.suffix == ".safetensors":
-            tensors.update(_tensor_digests(file))
-        elif file.name in _JSON_FILES:
-            digest.update(f"{relative}\0".encode() + hashlib.sha256(canonical_json(file)).hexdigest().encode())
-        elif file.name in _RAW_FILES or file.suffix == ".py":
-            digest.update(f"{relative}\0".encode() + hash_file(file).encode())
+        try:
+            if file.suffix == ".safetensors":
+                tensors.update(_tensor_digests(file))
+            elif file.name in _JSON_FILES:
+                digest.update(f"{relative}\0".encode() + hashlib.sha256(canonical_json(file)).hexdigest().encode())
+            elif file.name in _RAW_FILES or file.suffix == ".py":
+                digest.update(f"{relative}\0".encode() + hash_file(file).encode())
+        except (ValueError, KeyError, TypeError):
+            # A damaged file still has an identity (its bytes): the loaders' checks say what is wrong with it.
+            digest.update(f"raw:{relative}\0".encode() + hash_file(file).encode())
     for name, tensor_digest in sorted(tensors.items()):
         digest.update(f"tensor:{name}\0{tensor_digest}".encode())
     return digest.hexdigest()
