@@ -374,6 +374,10 @@ class BlockDrafterConfig(Section):
     )
     target_layer_ids: Optional[list[int]] = None
     mask: Literal["auto", "token", "learned"] = "auto"
+    attention: Literal["bidirectional", "causal"] = Field(
+        "bidirectional", description="inside the block: every position sees the whole block (DFlash), or only "
+        "the anchor and earlier positions; exported as dflash_config.causal, which vLLM reads",
+    )
     anchors_per_sequence: Union[Literal["all"], PositiveInt] = Field(
         "all", description="'all': every response (with prompt_anchors: every) position with a label after it; "
         "an int samples that many per sequence each step (for sequences too long to hold every block in memory)",
