@@ -147,6 +147,29 @@ def export_tags(paths: ArtifactPaths, kind: str) -> dict[str, str]:
     return tags
 
 
+def served_tau(paths: ArtifactPaths, kind: str) -> dict[str, dict]:
+    """Per domain, τ as vLLM served the drafter in serve_check (batched: what a server gets; one request at
+    a time) next to draftline's τ on the same prompts; empty without a serve_check record."""
+    path = paths.metrics / "serving.json"
+    if not path.is_file():
+        return {}
+    report = read_json(path)
+    domains = ((report.get("drafters") or {}).get(kind) or {}).get("domains") or {}
+    return {domain: {"vllm_batched": record.get("batched", {}).get("vllm", {}).get("tau"),
+                     "vllm_single": record.get("single", {}).get("vllm", {}).get("tau"),
+                     "draftline": record.get("draftline", {}).get("tau"), "concurrency": report.get("concurrency")}
+            for domain, record in domains.items()}
+
+
+def served_tau_tags(paths: ArtifactPaths, kind: str) -> dict[str, str]:
+    tags = {}
+    for domain, taus in served_tau(paths, kind).items():
+        tags[tag_key(f"serve_check.{domain}.served_tau")] = str(taus["vllm_batched"])
+        tags[tag_key(f"serve_check.{domain}.served_tau_single")] = str(taus["vllm_single"])
+        tags[tag_key(f"serve_check.{domain}.draftline_tau")] = str(taus["draftline"])
+    return tags
+
+
 def run_metrics(drafter_eval: dict) -> dict[str, float | list[float]]:
     """Every numeric evaluation value, keyed `T<temperature>/<domain>/<metric>`."""
     metrics: dict[str, float | list[float]] = {"mismatches": drafter_eval.get("mismatches")}
@@ -217,6 +240,7 @@ def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluati
         "lineage.git_commit": str(lineage.get("git_commit", "unknown")),
         **{tag_key(f"dvc.{stage}"): digest for stage, digest in dvc_stage_hashes().items()},
         **export_tags(paths, kind),
+        **served_tau_tags(paths, kind),
     }
     if train_run_id and train_run is None:
         tags["draftline.train_run_found"] = "false"  # trained against another tracking store
@@ -341,6 +365,8 @@ def run(params: Params, args: argparse.Namespace) -> dict:
                    for kind in sorted(evaluation.drafters) if kind not in refusals}
     records.update({kind: {"promoted": False, "decision": "refused", "reasons": [reason]}
                     for kind, reason in refusals.items()})
+    for kind, record in records.items():
+        record["served_tau"] = served_tau(paths, kind)
     report = {
         "tracking_uri": registry.uri,
         "experiment": params.tracking.experiment,

@@ -16,7 +16,7 @@ from pipeline.config import ServeCheckConfig, parse_params
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_dir
 from pipeline.paths import ArtifactPaths
-from pipeline.promote import serve_check_refusals
+from pipeline.promote import serve_check_refusals, served_tau, served_tau_tags
 from pipeline.serve_env import serve_python
 from serve_eval import serve_check
 from serve_eval.decoding import Generation, Step
@@ -153,6 +153,21 @@ def test_promote_refuses_what_serve_check_did_not_pass(tmp_path):
     refusals = serve_check_refusals(params, paths, ["ar", "block"])
     assert list(refusals) == ["block"] and "serve_check skipped: Unsupported CPU attention" in refusals["block"]
     assert serve_check_refusals(_params(tmp_path, required=False), paths, ["ar", "block"]) == {}
+
+
+def test_promote_records_the_served_tau_next_to_draftlines(tmp_path):
+    params = _params(tmp_path)
+    paths = ArtifactPaths.from_params(params)
+    assert served_tau(paths, "block") == {} and served_tau_tags(paths, "block") == {}
+    paths.metrics.mkdir()
+    record = {"single": {"vllm": {"tau": 3.8}}, "batched": {"vllm": {"tau": 3.0}}, "draftline": {"tau": 3.9}}
+    (paths.metrics / "serving.json").write_text(json.dumps({"concurrency": 8, "drafters": {
+        "block": {"status": "failed", "domains": {"text": record}}}}))
+    assert served_tau(paths, "block") == {"text": {"vllm_batched": 3.0, "vllm_single": 3.8, "draftline": 3.9,
+                                                   "concurrency": 8}}
+    assert served_tau_tags(paths, "block") == {"serve_check.text.served_tau": "3.0",
+                                               "serve_check.text.served_tau_single": "3.8",
+                                               "serve_check.text.draftline_tau": "3.9"}
 
 
 # --------------------------------------------------------------------------- the stage
