@@ -58,6 +58,12 @@ DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION = (
     "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
     "vllm:spec_decode_num_accepted_tokens_per_pos")
 SINGLE, BATCHED, GREEDY = "single", "batched", "greedy"  # run names (sampled runs: "T=<t>")
+# vLLM (0.32) skips drafting for the whole batch in any step where one request's sequence plus k + 1 passes
+# max_model_len, and a DFlash drafter then never sees the tokens verified in that step: the other requests
+# draft from a context with holes until they finish (serve_eval/repro/dflash_drafter_skip.py). A verify
+# step holds up to prompt + max_new_tokens + k tokens, so two blocks past the longest request keep every
+# request clear of that edge, as a server at the model's full length mostly is.
+DRAFT_HEADROOM = 2
 TAU_DEFINITION = ("1 + accepted draft tokens per drafting step (bonus/correction token included; vLLM's "
                   "prefill step, which drafts nothing, and draftline's steps cut short by max_new_tokens are not "
                   "counted)")
@@ -127,7 +133,8 @@ def engine_job(model: str, speculative_config: dict | None, prompts: dict[str, l
     k = (speculative_config or {}).get("num_speculative_tokens", 0)
     return {"model": model, "speculative_config": speculative_config, "prompts": prompts,
             "max_new_tokens": config.max_new_tokens, "dtype": params.verifier.dtype, "seed": params.project.seed,
-            "max_model_len": longest + config.max_new_tokens + k + 1, "enforce_eager": config.enforce_eager,
+            "max_model_len": longest + config.max_new_tokens + DRAFT_HEADROOM * (k + 1),
+            "enforce_eager": config.enforce_eager,
             "runs": run_specs(params, sampled=speculative_config is not None)}
 
 
@@ -291,7 +298,7 @@ def classify_error(error: str) -> str:
 def check_drafter(job: dict, result: dict, baseline: dict, generations: dict | None,
                   config: ServeCheckConfig) -> dict:
     entry = {"status": "passed", "reason": None, "speculative_config": job["speculative_config"],
-             "engine_start_s": result.get("engine_start_s"), "log": result.get("log"), "domains": {}}
+             "max_model_len": job.get("max_model_len"), "engine_start_s": result.get("engine_start_s"), "log": result.get("log"), "domains": {}}
     if result.get("error"):
         return {**entry, "status": classify_error(result["error"]), "reason": result["error"]}
     k = int(job["speculative_config"]["num_speculative_tokens"])

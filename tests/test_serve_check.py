@@ -124,6 +124,20 @@ def test_sampled_tau_is_compared_within_standard_errors():
     assert "T=0.8: vLLM tau 1.200 vs draftline tau 2.500: difference 1.300 > 3 standard errors" in entry["reason"]
 
 
+def test_engines_leave_every_request_clear_of_the_drafter_skip_at_max_model_len(tmp_path):
+    """vLLM skips drafting for the whole batch while one request's sequence plus k + 1 passes max_model_len,
+    and a DFlash drafter then drafts the other requests from a context with holes: the engine must leave
+    prompt + max_new_tokens + k (a verify step's longest sequence) + k + 1 below max_model_len."""
+    params = _params(tmp_path, max_new_tokens=48)
+    prompts = {"code": [[1] * 30], "text": [[1] * 51, [1] * 40]}
+    job = serve_check.engine_job("/v", {"method": "dflash", "model": "/d", "num_speculative_tokens": 7}, prompts,
+                                 params)
+    assert job["max_model_len"] >= 51 + 48 + 7 + 7 + 1
+    assert [run["name"] for run in job["runs"]] == ["single", "batched", "T=0.8"]
+    assert job["runs"][1]["concurrency"] == 8 and job["runs"][2]["temperature"] == 0.8
+    assert serve_check.served_speculative_config({"method": "dflash"}, params)["draft_sample_method"] == "probabilistic"
+
+
 def test_vllm_errors_fail_or_skip_with_their_first_line():
     unsupported = {"error": "RuntimeError: Unsupported CPU attention configuration: head_dim=8", "runs": {}}
     entry = serve_check.check_drafter(JOB, unsupported, BASELINE, None, CONFIG)
