@@ -277,9 +277,11 @@ def test_exported_drafters_load_in_vllm_with_identical_output(served):
         assert entry["speculative_config"]["method"] == method
         assert entry["speculative_config"]["num_speculative_tokens"] == K
         for record in entry["domains"].values():
-            assert record["outputs_identical"] and record["prompts"] == 2
-            assert record["vllm"]["num_drafts"] > 0 and record["vllm"]["num_draft_tokens"] == K * record["vllm"][
-                "num_drafts"]
+            assert record["prompts"] == 2
+            for name, concurrency in (("single", 1), ("batched", 8)):
+                run = record[name]
+                assert run["outputs_identical"] and run["concurrency"] == concurrency
+                assert run["vllm"]["num_drafts"] > 0 and run["vllm"]["num_draft_tokens"] == K * run["vllm"]["num_drafts"]
     assert set(report["drafters"]["ar"]["domains"]) == {"code", "text"}
     assert (paths.root / "serve_check" / "block.log").is_file()
 
@@ -290,8 +292,23 @@ def test_vllm_tau_matches_draftline_tau(served):
     paths, report = served
     for kind in ("ar", "block"):
         for record in report["drafters"][kind]["domains"].values():
-            assert 1.0 <= record["vllm"]["tau"] <= K + 1 and record["tau_gap"] <= 0.15
+            for name in ("single", "batched"):
+                assert 1.0 <= record[name]["vllm"]["tau"] <= K + 1
+            assert record["tau_gap"] <= 0.15 and record["single_tau_gap"] <= 0.15
             assert record["draftline_same_outputs"] == 2  # vLLM's greedy output equals draftline's here
-    assert any(1.0 < r["vllm"]["tau"] < K + 1 for r in report["drafters"]["ar"]["domains"].values())
+            sampled = record["sampled"]["T=0.8"]
+            assert sampled["vllm"]["num_drafts"] > 0 and sampled["tau_diff"] <= sampled["tolerance"]
+    assert any(1.0 < r["single"]["vllm"]["tau"] < K + 1 for r in report["drafters"]["ar"]["domains"].values())
     rows = (paths.plots / "serving_tau.csv").read_text().splitlines()
-    assert rows[0] == "drafter,domain,draftline_tau,vllm_tau" and len(rows) == 5
+    assert rows[0] == "drafter,domain,run,draftline_tau,vllm_tau" and len(rows) == 1 + 2 * 2 * 3
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_batched_acceptance_stays_within_tolerance_of_single_request_acceptance(served):
+    """Every served drafter accepts as much with requests sharing vLLM's batches as one request at a time
+    (prompts of different lengths: the batch holds requests at different positions)."""
+    _, report = served
+    for kind in ("ar", "block"):
+        for domain, record in report["drafters"][kind]["domains"].items():
+            assert record["batch_tau_gap"] <= report["max_batch_tau_gap"], (kind, domain, record["batch_tau_gap"])
