@@ -3,9 +3,10 @@
 A block `[anchor, MASK × (B−1)]` is embedded with the verifier's frozen embeddings and run through a
 few Qwen3-style layers whose keys/values are `[proj(context features); proj(block)]`: the context
 features are the fused hidden states of selected verifier layers at the committed positions before
-the anchor, queries come only from the block, attention inside the block is bidirectional, RoPE uses
-absolute positions. Position k of the block predicts the token at anchor + k (no shift), read through
-`norm` and the verifier's frozen LM head.
+the anchor, queries come only from the block, attention inside the block is bidirectional (or causal:
+`train.block.attention`, saved as `dflash_config.causal`), RoPE uses absolute positions. Position k of
+the block predicts the token at anchor + k (no shift), read through `norm` and the verifier's frozen
+LM head.
 
 Weight names follow z-lab/dflash (`layers.*`, `fc`, `hidden_norm`, `norm`; no embedding or LM head),
 which is what vLLM `method: dflash`, SGLang `DFLASH` and TensorRT-LLM `DFlashDecodingConfig` load.
