@@ -298,7 +298,8 @@ def classify_error(error: str) -> str:
 def check_drafter(job: dict, result: dict, baseline: dict, generations: dict | None,
                   config: ServeCheckConfig) -> dict:
     entry = {"status": "passed", "reason": None, "speculative_config": job["speculative_config"],
-             "max_model_len": job.get("max_model_len"), "engine_start_s": result.get("engine_start_s"), "log": result.get("log"), "domains": {}}
+             "max_model_len": job.get("max_model_len"), "engine_start_s": result.get("engine_start_s"),
+             "log": result.get("log"), "domains": {}}
     if result.get("error"):
         return {**entry, "status": classify_error(result["error"]), "reason": result["error"]}
     k = int(job["speculative_config"]["num_speculative_tokens"])
