@@ -389,6 +389,10 @@ class BlockDrafterConfig(Section):
     )
     target_layer_ids: Optional[list[int]] = None
     mask: Literal["auto", "token", "learned"] = "auto"
+    attention: Literal["bidirectional", "causal"] = Field(
+        "bidirectional", description="inside the block: every position sees the whole block (DFlash), or only "
+        "the anchor and earlier positions; exported as dflash_config.causal, which vLLM reads",
+    )
     anchors_per_sequence: Union[Literal["all"], PositiveInt] = Field(
         "all", description="'all': every response (with prompt_anchors: every) position with a label after it; "
         "an int samples that many per sequence each step (for sequences too long to hold every block in memory)",
@@ -489,6 +493,9 @@ class ServeCheckConfig(Section):
     prompts_per_domain: int = Field(8, ge=1)
     max_new_tokens: int = Field(48, ge=1)
     max_tau_gap: float = Field(0.15, ge=0, description="largest relative gap vLLM tau vs draftline tau that passes")
+    concurrency: int = Field(8, ge=1, description="requests sharing vLLM's batches in the batched runs")
+    max_batch_tau_gap: float = Field(0.05, ge=0, description="largest relative gap batched vs single-request vLLM tau")
+    sampled_z: float = Field(3.0, gt=0, description="T > 0: standard errors of the tau difference that pass")
     kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU")
     enforce_eager: StrictBool = Field(True, description="skip vLLM's torch.compile warm-up (minutes on a small CPU)")
     engine_timeout_s: int = Field(1200, ge=30, description="wall-clock limit for one vLLM engine run")

@@ -31,7 +31,7 @@ from rich.table import Table
 from data_prep.verifier import verifier_identity
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import DRAFTER_NAMES, Params
+from pipeline.config import DRAFTER_NAMES, Params, ServeCheckConfig
 from pipeline.errors import DraftlineError, redact_url
 from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics, is_finite
 from pipeline.integrity import measured_artifacts, safetensors_shapes, verify_manifest
@@ -58,6 +58,7 @@ from pipeline.registry import (
     tag_key,
 )
 from pipeline.tracking import tracking_uri
+from serve_eval.serving_rule import domain_failures
 
 DVC_LOCK = Path("dvc.lock")
 
@@ -156,6 +157,29 @@ def export_tags(paths: ArtifactPaths, kind: str) -> dict[str, str]:
     return tags
 
 
+def served_tau(paths: ArtifactPaths, kind: str) -> dict[str, dict]:
+    """Per domain, τ as vLLM served the drafter in serve_check (batched: what a server gets; one request at
+    a time) next to draftline's τ on the same prompts; empty without a serve_check record."""
+    path = paths.metrics / "serving.json"
+    if not path.is_file():
+        return {}
+    report = read_json(path)
+    domains = ((report.get("drafters") or {}).get(kind) or {}).get("domains") or {}
+    return {domain: {"vllm_batched": record.get("batched", {}).get("vllm", {}).get("tau"),
+                     "vllm_single": record.get("single", {}).get("vllm", {}).get("tau"),
+                     "draftline": record.get("draftline", {}).get("tau"), "concurrency": report.get("concurrency")}
+            for domain, record in domains.items()}
+
+
+def served_tau_tags(paths: ArtifactPaths, kind: str) -> dict[str, str]:
+    tags = {}
+    for domain, taus in served_tau(paths, kind).items():
+        tags[tag_key(f"serve_check.{domain}.served_tau")] = str(taus["vllm_batched"])
+        tags[tag_key(f"serve_check.{domain}.served_tau_single")] = str(taus["vllm_single"])
+        tags[tag_key(f"serve_check.{domain}.draftline_tau")] = str(taus["draftline"])
+    return tags
+
+
 def run_metrics(drafter_eval: dict) -> dict[str, float | list[float]]:
     """Every numeric evaluation value, keyed `T<temperature>/<domain>/<metric>`."""
     metrics: dict[str, float | list[float]] = {"mismatches": drafter_eval.get("mismatches")}
@@ -227,6 +251,7 @@ def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluati
         **{tag_key(f"dvc.{stage}"): digest for stage, digest in dvc_stage_hashes().items()},
         **export_tags(paths, kind),
         **version_tags(),
+        **served_tau_tags(paths, kind),
     }
     if train_run_id and train_run is None:
         tags["draftline.train_run_found"] = "false"  # trained against another tracking store
@@ -380,24 +405,19 @@ def read_serving(params: Params, paths: ArtifactPaths) -> dict | None:
     return serving
 
 
-def serve_check_failure(entry: dict, max_gap: float) -> str | None:
-    """Pass/fail rederived from the recorded numbers, never from the recorded `status` alone: every output
-    identical to vLLM without speculation and the two τ within `max_gap` in every domain."""
+def serve_check_failure(entry: dict, config: ServeCheckConfig) -> str | None:
+    """Pass/fail rederived from the recorded numbers by serve_check's own rule, never from the recorded
+    `status` alone."""
     if entry.get("status") != "passed":
         return f"serve_check {entry.get('status')}: {entry.get('reason')}"
     domains = entry.get("domains")
     if not isinstance(domains, dict) or not domains:
         return "serve_check says passed but measured no domain"
     for domain, record in sorted(domains.items()):
-        record = record if isinstance(record, dict) else {}
-        if record.get("outputs_identical") is not True or record.get("mismatched_prompts") != 0:
-            return f"serve_check says passed but {domain}: outputs are not recorded as identical"
-        served, ours = (record.get("vllm") or {}).get("tau"), (record.get("draftline") or {}).get("tau")
-        if not (is_finite(served) and is_finite(ours) and ours > 0):
-            return f"serve_check says passed but {domain}: no vLLM and draftline tau recorded"
-        if abs(served - ours) / ours > max_gap:
-            return (f"serve_check says passed but {domain}: vLLM tau {served:.3f} vs draftline tau {ours:.3f} "
-                    f"differ by more than serve_check.max_tau_gap {max_gap:.0%}")
+        reasons = domain_failures(record if isinstance(record, dict) else {}, config.max_tau_gap,
+                                  config.max_batch_tau_gap, config.sampled_z)
+        if reasons:
+            return f"serve_check says passed but {domain}: {reasons[0]}"
     return None
 
 
@@ -410,7 +430,7 @@ def serve_check_refusals(params: Params, serving: dict | None, kinds: list[str])
     for kind in kinds:
         entry = drafters.get(kind) if isinstance(drafters.get(kind), dict) else {
             "status": "missing", "reason": f"no '{kind}' entry in metrics/serving.json"}
-        reason = serve_check_failure(entry, params.serve_check.max_tau_gap)
+        reason = serve_check_failure(entry, params.serve_check)
         if reason:
             refusals[kind] = reason
     return refusals
@@ -460,6 +480,8 @@ def run(params: Params, args: argparse.Namespace) -> dict:
                    for kind in sorted(evaluation.drafters) if kind not in refusals}
     records.update({kind: {"promoted": False, "decision": "refused", "reasons": [reason]}
                     for kind, reason in refusals.items()})
+    for kind, record in records.items():
+        record["served_tau"] = served_tau(paths, kind)
     report = {
         "tracking_uri": redact_url(registry.uri),
         "experiment": params.tracking.experiment,

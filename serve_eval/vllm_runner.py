@@ -1,4 +1,4 @@
-"""One vLLM engine on token-id prompts, greedy: outputs, vLLM's spec-decode counters and timings.
+"""One vLLM engine on token-id prompts: outputs, vLLM's spec-decode counters and timings per run.
 
 Runs under the serving environment's interpreter (`make serve-env`: vLLM *without* draftline) and
 imports nothing from draftline, so what loads here is what a user's `vllm serve` loads. Usage:
@@ -6,9 +6,13 @@ imports nothing from draftline, so what loads here is what a user's `vllm serve`
     .venv-serve/bin/python -I serve_eval/vllm_runner.py JOB.json RESULT.json
 
 JOB: {"model", "speculative_config" (null: no speculation), "prompts": {domain: [[ids]]},
-"max_new_tokens", "dtype", "seed", "max_model_len", "enforce_eager"}. RESULT: {"error": null or the
-first line of vLLM's error, "engine_start_s", "domains": {domain: {"outputs", "wall_s", "tokens",
-"counters"}}}. A failure is written to RESULT (exit code 0); only a broken JOB file exits non-zero.
+"max_new_tokens", "dtype", "seed", "max_model_len", "enforce_eager", "runs": [{"name", "concurrency",
+"temperature", "top_k", "top_p"}]}. A run submits each domain's prompts in groups of `concurrency`
+(one `generate` call per group, so at most that many requests share the engine's batches); sampled
+runs seed every request by its prompt index, so a prompt draws the same way whatever it is batched
+with. RESULT: {"error": null or the first line of vLLM's error, "engine_start_s", "runs": {name:
+{domain: {"outputs", "wall_s", "tokens", "counters"}}}}. A failure is written to RESULT (exit code 0);
+only a broken JOB file exits non-zero.
 """
 
 import json
@@ -48,6 +52,30 @@ def first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
 
 
+def sampling_params(run: dict, max_tokens: int, seed: int | None):
+    from vllm import SamplingParams
+
+    if run["temperature"] == 0:
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return SamplingParams(temperature=run["temperature"], top_k=run["top_k"], top_p=run["top_p"], seed=seed,
+                          max_tokens=max_tokens, ignore_eos=True)
+
+
+def run_domain(llm, prompts: list, run: dict, job: dict) -> dict:
+    before = read_counters(llm)
+    outputs: list = []
+    size = run["concurrency"]
+    t0 = time.perf_counter()
+    for start in range(0, len(prompts), size):
+        group = prompts[start:start + size]
+        params = [sampling_params(run, job["max_new_tokens"], job["seed"] + start + i) for i in range(len(group))]
+        outputs += llm.generate([{"prompt_token_ids": ids} for ids in group], params, use_tqdm=False)
+    wall_s = time.perf_counter() - t0
+    token_ids = [list(output.outputs[0].token_ids) for output in outputs]
+    return {"outputs": token_ids, "wall_s": wall_s, "tokens": sum(len(ids) for ids in token_ids),
+            "counters": counter_delta(read_counters(llm), before)}
+
+
 def run(job: dict) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -56,21 +84,13 @@ def run(job: dict) -> dict:
               speculative_config=job["speculative_config"], enforce_eager=job["enforce_eager"],
               disable_log_stats=False)  # stats on: the spec-decode counters come from the stat loggers
     engine_start_s = time.perf_counter() - started
-    greedy = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], ignore_eos=True)
     # warm-up: first-call allocations must not land in the timings (counters are read as deltas)
     first = next(iter(job["prompts"].values()))[0]
     llm.generate([{"prompt_token_ids": first}], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
                  use_tqdm=False)
-    domains = {}
-    for domain, prompts in job["prompts"].items():
-        before = read_counters(llm)
-        t0 = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], greedy, use_tqdm=False)
-        wall_s = time.perf_counter() - t0
-        token_ids = [list(output.outputs[0].token_ids) for output in outputs]
-        domains[domain] = {"outputs": token_ids, "wall_s": wall_s, "tokens": sum(len(ids) for ids in token_ids),
-                           "counters": counter_delta(read_counters(llm), before)}
-    return {"error": None, "engine_start_s": engine_start_s, "domains": domains}
+    runs = {spec["name"]: {domain: run_domain(llm, prompts, spec, job) for domain, prompts in job["prompts"].items()}
+            for spec in job["runs"]}
+    return {"error": None, "engine_start_s": engine_start_s, "runs": runs}
 
 
 def main(argv: list) -> int:

@@ -90,6 +90,35 @@ def test_no_leakage_from_the_future_or_other_blocks(drafter, verifier):
         assert (training_logits(drafter, verifier, input_ids, own, anchors)[0, j] - base[0, j]).abs().max() > 1e-3
 
 
+def test_causal_block_attention_sees_no_later_block_position(verifier, tmp_path):
+    """train.block.attention: causal: position i of a block is unchanged by any later block token, and the
+    choice is saved as dflash_config.causal (what vLLM reads); bidirectional blocks see the whole block."""
+    torch.manual_seed(0)
+    input_ids = torch.randint(3, VOCAB, (1, 12))
+    anchors = torch.tensor([[4, 7]])
+    block_ids, _, _ = blocks_for(input_ids, anchors)
+    masked = (torch.arange(BLOCK) > 0).expand_as(block_ids).clone()
+    masked[0, 0, 2] = False  # block 0 position 2 holds a real token (as after an unmasking step)
+    changed = block_ids.clone()
+    changed[0, 0, 2] = (changed[0, 0, 2] + 5) % (VOCAB - 3) + 3
+    embed, head, _, _ = verifier_parts(verifier)
+    positions = torch.arange(input_ids.shape[1])[None]
+    for attention, later_visible in (("causal", False), ("bidirectional", True)):
+        drafter = make_drafter(verifier, attention=attention)
+        assert drafter.config.causal is (attention == "causal")
+        context = drafter.context_key_values(features_of(drafter, verifier, input_ids), positions)
+        with torch.no_grad():
+            base, logits = (drafter.block_logits(context, positions, None, ids, masked, anchors, embed, head)[0, 0]
+                            for ids in (block_ids, changed))
+        difference = (logits - base).abs().flatten(1).amax(1)  # rows: block positions 1..3
+        assert difference[0] > 1e-3 if later_visible else difference[0] < 1e-5, difference
+        assert (difference[1:] > 1e-3).all(), difference  # position 2 itself and after it see the change
+    drafter.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dflash_config"]["causal"] is False
+    make_drafter(verifier, attention="causal").save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dflash_config"]["causal"] is True
+
+
 def test_decay_weights():
     assert default_gamma(16) == 7 and default_gamma(10) == 5 and default_gamma(8) == 4
     assert 4 < default_gamma(9) < 5 and 5 < default_gamma(12) < 7 and default_gamma(2) >= 1

@@ -3,9 +3,10 @@
 A block `[anchor, MASK × (B−1)]` is embedded with the verifier's frozen embeddings and run through a
 few Qwen3-style layers whose keys/values are `[proj(context features); proj(block)]`: the context
 features are the fused hidden states of selected verifier layers at the committed positions before
-the anchor, queries come only from the block, attention inside the block is bidirectional, RoPE uses
-absolute positions. Position k of the block predicts the token at anchor + k (no shift), read through
-`norm` and the verifier's frozen LM head.
+the anchor, queries come only from the block, attention inside the block is bidirectional (or causal:
+`train.block.attention`, saved as `dflash_config.causal`), RoPE uses absolute positions. Position k of
+the block predicts the token at anchor + k (no shift), read through `norm` and the verifier's frozen
+LM head.
 
 Weight names follow z-lab/dflash (`layers.*`, `fc`, `hidden_norm`, `norm`; no embedding or LM head),
 which is what vLLM `method: dflash`, SGLang `DFLASH` and TensorRT-LLM `DFlashDecodingConfig` load.
@@ -95,6 +96,7 @@ class DFlashConfig(PretrainedConfig):
         dflash_config = dict(dflash_config or {})
         dflash_config.setdefault("target_layer_ids", build_target_layer_ids(num_target_layers, 1))
         dflash_config.setdefault("mask_token_id", None)
+        dflash_config.setdefault("causal", False)
         dflash_config["block_size"] = block_size
         self.dflash_config = dflash_config
         if mask_mode not in MASK_MODES:
@@ -114,6 +116,11 @@ class DFlashConfig(PretrainedConfig):
     @property
     def mask_token_id(self) -> int | None:
         return self.dflash_config["mask_token_id"]
+
+    @property
+    def causal(self) -> bool:
+        """Attention inside the block: False (DFlash) sees the whole block, True the anchor and earlier positions."""
+        return bool(self.dflash_config["causal"])
 
 
 # --------------------------------------------------------------------------- RoPE
@@ -305,7 +312,7 @@ class DFlashDraftModel(PreTrainedModel):
         offsets = torch.arange(size, device=block_ids.device)
         positions = (anchor_positions[..., None] + offsets).reshape(batch, n_blocks * size)
         embeds = self.embed_block(block_ids, masked, embed_tokens).reshape(batch, n_blocks * size, -1)
-        mask = block_attention_mask(context_positions, context_valid, anchor_positions, size)
+        mask = block_attention_mask(context_positions, context_valid, anchor_positions, size, self.config.causal)
         hidden = self.run_layers(embeds, positions, context_kv, mask).view(batch, n_blocks, size, -1)
         return lm_head(hidden[:, :, 1:])
 
@@ -380,8 +387,9 @@ def anchor_blocks(anchor_ids: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
 
 
 def block_attention_mask(context_positions: Tensor, context_valid: Tensor | None, anchor_positions: Tensor,
-                         block_size: int) -> Tensor:
-    """(B, 1, N·L, T + N·L) bool: block j sees valid context at positions < its anchor, and only itself.
+                         block_size: int, causal: bool = False) -> Tensor:
+    """(B, 1, N·L, T + N·L) bool: block j sees valid context at positions < its anchor, and only itself
+    (with `causal`, each position only its own and earlier block positions).
 
     Gated by absolute anchor position (not block index), so overlapping or unsorted anchors stay exact,
     and a context cache holding more than the committed prefix cannot leak into a draft.
@@ -392,7 +400,11 @@ def block_attention_mask(context_positions: Tensor, context_valid: Tensor | None
         to_context = to_context & context_valid[:, None, :]
     to_context = to_context.repeat_interleave(block_size, dim=1)  # (B, N·L, T)
     block_of = torch.arange(n_blocks, device=anchor_positions.device).repeat_interleave(block_size)
-    to_blocks = (block_of[:, None] == block_of[None, :]).expand(batch, -1, -1)
+    to_blocks = block_of[:, None] == block_of[None, :]
+    if causal:
+        offset = torch.arange(block_size, device=anchor_positions.device).repeat(n_blocks)
+        to_blocks = to_blocks & (offset[None, :] <= offset[:, None])
+    to_blocks = to_blocks.expand(batch, -1, -1)
     return torch.cat([to_context, to_blocks], dim=2)[:, None]
 
 
@@ -439,7 +451,8 @@ def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: 
         vocab_size=int(text.vocab_size),
         block_size=cfg.block_size,
         num_target_layers=depth,
-        dflash_config={"mask_token_id": mask_token_id if mask_mode == "token" else None, "target_layer_ids": layer_ids},
+        dflash_config={"mask_token_id": mask_token_id if mask_mode == "token" else None, "target_layer_ids": layer_ids,
+                       "causal": cfg.attention == "causal"},
         mask_mode=mask_mode,
         eos_token_id=getattr(text, "eos_token_id", None),
         pad_token_id=getattr(text, "pad_token_id", None),
