@@ -361,6 +361,11 @@ class BlockLossConfig(Section):
         return self
 
 
+LEARNED_MASK_WARNING = ("train.block.mask is 'learned': the block drafter will train, but vLLM, SGLang and "
+                        "TensorRT-LLM cannot serve a learned mask embedding, so export will refuse it "
+                        "('auto' picks a servable vocabulary id)")
+
+
 class BlockDrafterConfig(Section):
     block_size: int = Field(8, ge=2, le=64)
     num_layers: int = Field(2, ge=1, le=5)
