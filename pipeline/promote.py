@@ -4,7 +4,8 @@ For each drafter in `metrics/eval.json`: one MLflow run (child of its training r
 in the same experiment) holding the evaluation metrics, inputs and the serving checkpoint as a logged
 model, registered as a new version of `<prefix>-<verifier id>-<kind>`. The gate decides whether the
 `champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint hash), so rerunning on the
-same evaluation finds the version it registered before and changes nothing.
+same evaluation finds the version it registered before and changes nothing, unless the gate itself
+(`promote` thresholds) changed: then that version is gated again.
 With `serve_check.required` (the default) a drafter whose stage `serve_check` did not pass (it did not
 load in vLLM, its outputs differed, or it was skipped) is refused before registration.
 """
@@ -52,6 +53,7 @@ from pipeline.registry import (
 from pipeline.tracking import tracking_uri
 
 DVC_LOCK = Path("dvc.lock")
+TAG_GATE_KEY = "gate.key"  # hash of the gate config (promote thresholds) the decision was made under
 
 
 @dataclass(frozen=True)
@@ -167,8 +169,13 @@ def gate_params(params: Params) -> dict[str, object]:
     return out
 
 
+def gate_key(params: Params) -> str:
+    """The gate that made a decision: a version's decision stands only while this is unchanged."""
+    return hashlib.sha256(json.dumps(gate_params(params), sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _version_record(registry: Registry, name: str, version: str, decision: GateDecision,
-                    already_registered: bool) -> dict:
+                    already_registered: bool, regated: bool = False) -> dict:
     current = registry.version(name, version)
     champion = registry.alias_version(name, CHAMPION)
     previous = registry.alias_version(name, PREVIOUS_CHAMPION)
@@ -184,6 +191,7 @@ def _version_record(registry: Registry, name: str, version: str, decision: GateD
         "champion_version": str(champion.version) if champion else None,
         "previous_champion_version": str(previous.version) if previous else None,
         "already_registered": already_registered,
+        "regated": regated,
         "source": current.tags.get("draftline.source"),
         "source_path": current.tags.get("draftline.source_path"),
         "run_id": current.run_id,
@@ -260,6 +268,7 @@ def gate_version(registry: Registry, params: Params, name: str, version: str) ->
         TAG_GATE: outcome,
         TAG_GATE_REASONS: "; ".join(decision.reasons) or "all thresholds passed",
         TAG_GATE_DECISION: json.dumps(decision.to_dict(), sort_keys=True),
+        TAG_GATE_KEY: gate_key(params),
     })
     if candidate.run_id:
         registry.client.set_tag(candidate.run_id, TAG_GATE, outcome)
@@ -274,15 +283,19 @@ def promote_drafter(registry: Registry, params: Params, paths: ArtifactPaths, ev
     eval_key = hashlib.sha256(f"{evaluation.sha256}:{kind}:{artifact_hash}".encode()).hexdigest()[:32]
 
     existing = registry.find_version(name, eval_key)
-    if existing is not None and TAG_GATE_DECISION in existing.tags:
+    decided = existing is not None and TAG_GATE_DECISION in existing.tags
+    # a forced version is a person's decision: no threshold change overrides it
+    if decided and (existing.tags.get(TAG_GATE_KEY) == gate_key(params) or existing.tags.get(TAG_GATE) == "forced"):
         decision = GateDecision.from_dict(json.loads(existing.tags[TAG_GATE_DECISION]))
         return _version_record(registry, name, str(existing.version), decision, already_registered=True)
-    # A version without a decision is left over from an interrupted run: gate it, don't duplicate it.
+    # A version without a decision is left over from an interrupted run, one decided under other
+    # thresholds is re-gated under these: gate it again, don't duplicate it.
     version = str(existing.version) if existing is not None else _register(
         registry, params, paths, evaluation, kind, name, eval_key, checkpoint, source, artifact_hash
     )
     decision = gate_version(registry, params, name, version)
-    return _version_record(registry, name, version, decision, already_registered=existing is not None)
+    return _version_record(registry, name, version, decision, already_registered=existing is not None,
+                           regated=decided)
 
 
 def serve_check_refusals(params: Params, paths: ArtifactPaths, kinds: list[str]) -> dict[str, str]:
@@ -320,7 +333,8 @@ def comparisons_table(title: str, comparisons: list[dict]) -> Table:
 
 def print_decision(kind: str, record: dict) -> None:
     verdict = "[bold green]PROMOTED[/]" if record["promoted"] else "[bold red]REJECTED[/]"
-    rerun = " (already registered: no change)" if record["already_registered"] else ""
+    rerun = (" (already registered: re-gated, promote thresholds changed)" if record["regated"]
+             else " (already registered: no change)" if record["already_registered"] else "")
     title = f"{kind}: {record['model_name']} v{record['version']} {verdict}{rerun}"
     console.print(comparisons_table(title, record["comparisons"]))
     for reason in record["reasons"]:
