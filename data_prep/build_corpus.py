@@ -29,7 +29,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from data_prep.corpus import COLUMNS, SPLITS, STATS_NAME
 from data_prep.engines import Engine, Request, open_engine
-from data_prep.sources import DOMAINS, collect_prompts, split_of, stable_hash
+from data_prep.sources import collect_prompts, split_of, stable_hash
 from data_prep.verifier import load_verifier, model_location, read_record, verifier_identity
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
@@ -250,13 +250,14 @@ def corpus_stats(rows: list[dict]) -> dict:
             "finish_reasons": dict(sorted(Counter(row["finish_reason"] for row in group).items())),
         }
 
+    domains = sorted({row["domain"] for row in rows})
     by_split: dict[str, dict] = defaultdict(dict)
     for split in SPLITS:
-        for domain in DOMAINS:
+        for domain in domains:
             by_split[split][domain] = summarise([r for r in rows if r["split"] == split and r["domain"] == domain])
     return {
         **summarise(rows),
-        "by_domain": {domain: summarise([r for r in rows if r["domain"] == domain]) for domain in DOMAINS},
+        "by_domain": {domain: summarise([r for r in rows if r["domain"] == domain]) for domain in domains},
         "by_split": dict(by_split),
     }
 

@@ -163,7 +163,7 @@ def gate_params(params: Params) -> dict[str, object]:
     config = params.promote
     out: dict[str, object] = {"gate.require_lossless": config.require_lossless,
                               "gate.max_regression": config.max_regression}
-    for domain, floors in sorted(config.gates.items()):
+    for domain, floors in [("default_gate", config.default_gate), *sorted(config.gates.items())]:
         out[f"gate.{domain}.min_tau"] = floors.min_tau
         out[f"gate.{domain}.min_speedup"] = floors.min_speedup
     return out
