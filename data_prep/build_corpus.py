@@ -70,21 +70,35 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, user_text: str) -> list[
     return list(ids)
 
 
+def served_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str, max_tokens: int) -> list[int]:
+    """`text` encoded as a server encodes a prompt, with the special tokens the tokenizer adds (a Llama
+    tokenizer's BOS), its text part cut to the last `max_tokens` tokens."""
+    plain = tokenizer(text, add_special_tokens=False)["input_ids"]
+    full = tokenizer(text)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return full[:start] + plain[-max_tokens:] + full[start + len(plain):]
+    return full[-max_tokens:]  # specials that change the text's own tokens: keep the tail as encoded
+
+
 def work_items(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> list[WorkItem]:
     """Prompts truncated to their last `prompt_max_tokens` tokens, ordered by length so batches pad little.
 
-    A chat-source prompt, when the verifier has a chat template, becomes the templated ids of its
-    (truncated) user turn: the limit applies to the user's text, the template adds its own tokens.
+    A prompt is encoded as the verifier is served: with the tokenizer's own special tokens (BOS), or,
+    for a chat source when the verifier has a chat template, as the templated ids of its (truncated)
+    user turn: the limit applies to the user's text, the template adds its own tokens.
     """
     items = []
     for prompt in collect_prompts(config):
-        ids = tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"][-config.prompt_max_tokens:]
-        if not ids:
+        text_ids = tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"][-config.prompt_max_tokens:]
+        if not text_ids:
             continue
         chat_text = None
         if prompt.chat and tokenizer.chat_template:
-            chat_text = tokenizer.decode(ids)
+            chat_text = tokenizer.decode(text_ids)
             ids = chat_prompt_ids(tokenizer, chat_text)
+        else:
+            ids = served_prompt_ids(tokenizer, prompt.prompt, config.prompt_max_tokens)
         digest = hashlib.sha256(prompt.prompt.encode()).hexdigest()[:16]
         items.append(WorkItem(
             id=f"{prompt.domain}-{digest}", domain=prompt.domain, source=prompt.source,

@@ -20,6 +20,7 @@ from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params, SamplingConfig
 from pipeline.drafters.kind import Proposer
+from pipeline.integrity import stop_token_ids
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info, progress
 from serve_eval.decoding import Generation, decode
@@ -34,7 +35,7 @@ def temperature_key(temperature: float) -> str:
 
 
 def evaluate_cell(verifier, proposer: Proposer, prompts: list[list[int]], sampling: SamplingConfig, *,
-                  max_new_tokens: int, eos_token_id: int | None, seed: int, desc: str,
+                  max_new_tokens: int, eos_token_id: list[int], seed: int, desc: str,
                   peer_drafter=None, draft_tokens: int = 0) -> Tally:
     tally = Tally()
     run = dict(sampling=sampling, eos_token_id=eos_token_id)
@@ -90,7 +91,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
                 use_peer = config.peer_baseline and sampling.greedy and peer_drafter is not None
                 tally = evaluate_cell(
                     verifier, proposer, domain_prompts, sampling, max_new_tokens=config.max_new_tokens,
-                    eos_token_id=tokenizer.eos_token_id, seed=config.seed, desc=f"{kind} T={key} {domain}",
+                    eos_token_id=stop_token_ids(verifier, tokenizer), seed=config.seed, desc=f"{kind} T={key} {domain}",
                     peer_drafter=peer_drafter if use_peer else None,
                     draft_tokens=proposer.draft_tokens if use_peer else 0)
                 tallies[(kind, key, domain)] = tally
