@@ -289,6 +289,10 @@ class TrainerConfig(Section):
     offload_optimizer: StrictBool = False
     offload_parameters: StrictBool = False
     max_steps: int = Field(300, ge=1)
+    epochs: Optional[float] = Field(
+        None, gt=0, description="null: train max_steps; N: as many steps as N passes over the training split "
+        "take (max_steps is then ignored), so the budget follows the corpus of whatever verifier is used",
+    )
     batch_size: int = Field(16, ge=1)
     accumulate_grad_batches: int = Field(1, ge=1)
     learning_rate: float = Field(2e-3, gt=0, lt=1)

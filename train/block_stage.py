@@ -23,12 +23,14 @@ from pipeline.progress import info, warn
 from train.block_data import BlockDataModule
 from train.block_lit import BlockDistillModule, evaluate_blocks
 from train.distill import DrafterRecipe, distill
+from train.trainer import resolve_budget
 
 
 def block_recipe(params: Params, verifier, tokenizer, corpus, modules: list | None = None) -> DrafterRecipe:
     """The block drafter's recipe; the Lightning module it makes is appended to `modules` when given
     (the stage reads its validation history back for the τ-vs-steps plot)."""
-    cfg, tcfg, seed = params.train.block, params.train.block.trainer, params.project.seed
+    cfg, seed = params.train.block, params.project.seed
+    tcfg = resolve_budget(cfg.trainer, len(corpus["train"]))
     mask = resolve_mask(cfg.mask, verifier, tokenizer, corpus["train"])
     if mask is None:
         warn(LEARNED_MASK_WARNING)
