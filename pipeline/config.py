@@ -482,6 +482,13 @@ class EvaluateConfig(Section):
     backend: Literal["torch", "onnx"] = "torch"
     seed: int = Field(0, ge=0)
     peer_baseline: StrictBool = True
+    timing_repeats: int = Field(
+        3, ge=1, description="passes over the prompts, baseline and speculative interleaved; speedup is their median",
+    )
+    max_speedup_spread: float = Field(
+        0.25, gt=0, description="(max - min) / median of the repeats' speedups above which evaluate says the "
+        "timing is too noisy to decide on",
+    )
 
     @field_validator("temperatures")
     @classmethod
