@@ -323,7 +323,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
     summary = {split: sum(1 for r in rows if r["split"] == split) for split in SPLITS}
     print_summary("build_corpus", {
         "rows (train/validation/test)": "/".join(str(summary[s]) for s in SPLITS),
-        "rows code / text": f"{stats['by_domain']['code']['rows']} / {stats['by_domain']['text']['rows']}",
+        "rows per domain": ", ".join(f"{domain} {entry['rows']}" for domain, entry in stats["by_domain"].items()),
         "response tokens": stats["response_tokens"],
         "mean response length": stats["mean_response_length"],
         "finish eos / length": f"{stats['finish_reasons'].get('eos', 0)} / {stats['finish_reasons'].get('length', 0)}",
