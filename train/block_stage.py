@@ -96,7 +96,8 @@ def write_tau_plot(history: list[dict], directory: Path) -> None:
         if points:
             axis.plot(*zip(*points), marker="o", label=labels[key])
     axis.set(xlabel="training step", ylabel="tokens per verifier forward", title="block drafter τ during training")
-    axis.legend(fontsize=7)
+    if history:
+        axis.legend(fontsize=7)
     save_figure_atomic(figure, directory / "train_block_tau.png")
     plt.close(figure)
 
@@ -105,7 +106,7 @@ def run(params: Params, args: argparse.Namespace | None = None) -> dict | None:
     """Train and save the block drafter; returns training.json's content on rank 0 (None elsewhere)."""
     modules: list[BlockDistillModule] = []
     info = distill(params, lambda *parts: block_recipe(params, *parts[1:], modules=modules))
-    if info is not None and modules and modules[-1].history:
+    if info is not None and modules:  # also when a short budget ended before the first validation
         write_tau_plot(modules[-1].history, ArtifactPaths.from_params(params).plots)
     return info
 
