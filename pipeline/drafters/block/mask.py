@@ -66,7 +66,7 @@ def choose_mask(tokenizer: PreTrainedTokenizerBase, vocab_size: int, end_ids: li
     counts = corpus_token_counts(train, vocab_size).astype(np.float64)
     counts[[i for i in taken | set(tokenizer.all_special_ids) if i < vocab_size]] = np.inf
     rarest = int(np.argmin(counts))  # the lowest id among equally rare ones
-    return MaskChoice(rarest, f"the rarest id in the training corpus ({int(counts[rarest])} occurrences)")
+    return MaskChoice(rarest, f"the rarest id in the training corpus, {int(counts[rarest])} occurrences")
 
 
 def resolve_mask(mode: str, verifier: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, train: Dataset,
