@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from pipeline.serve_env import serve_python
@@ -57,7 +58,10 @@ def copy_project(target: Path) -> None:
 def test_dvc_repro_runs_unmodified_on_a_llama_style_verifier(tmp_path):
     verifier_dir = tmp_path / "llama"
     tokenizer = tiny_llama_tokenizer()
-    tiny_llama(tokenizer, hidden_size=128, num_layers=5).save_pretrained(verifier_dir)  # head_dim 32: vLLM CPU runs it
+    verifier = tiny_llama(tokenizer, hidden_size=128, num_layers=5)  # head_dim 32: vLLM's CPU attention runs it
+    with torch.no_grad():  # a random model's argmax is much the same id everywhere: keep it off bos/eos/eot
+        verifier.lm_head.weight[:3] = 0.0
+    verifier.save_pretrained(verifier_dir)
     tokenizer.save_pretrained(verifier_dir)
     prompts = tmp_path / "stories.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Story {i}: the quick brown fox jumps over the lazy dog"
