@@ -85,10 +85,10 @@ def mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
     return tokenizer.get_vocab().get(MASK_TOKEN)
 
 
-def stop_token_ids(model, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def stop_token_ids(generation_config, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Every id that ends the verifier's text as it is served: its generation_config's eos (an int or a
     list; chat models end turns with an id that is not the tokenizer's eos) and the tokenizer's eos."""
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    configured = getattr(generation_config, "eos_token_id", None)
     ids = configured if isinstance(configured, list) else [configured]
     return sorted({int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None})
 

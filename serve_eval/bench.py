@@ -38,7 +38,7 @@ def demo_setup(params: Params, per_domain: int):
     config = params.evaluate.model_copy(update={"drafters": kinds, "backend": "torch"})
     proposers = {kind: (drafter.proposer, drafter.peer_model)
                  for kind, drafter in load_drafters(paths, config, verifier, tokenizer).items()}
-    return verifier, stop_token_ids(verifier, tokenizer), prompts, proposers
+    return verifier, stop_token_ids(verifier.generation_config, tokenizer), prompts, proposers
 
 
 def random_setup(params: Params, count: int):

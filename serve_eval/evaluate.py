@@ -97,7 +97,8 @@ def run(params: Params, args: argparse.Namespace) -> dict:
                 use_peer = config.peer_baseline and sampling.greedy and peer_drafter is not None
                 tally = evaluate_cell(
                     verifier, proposer, domain_prompts, sampling, max_new_tokens=config.max_new_tokens,
-                    eos_token_id=stop_token_ids(verifier, tokenizer), seed=config.seed, desc=f"{kind} T={key} {domain}",
+                    eos_token_id=stop_token_ids(verifier.generation_config, tokenizer), seed=config.seed,
+                    desc=f"{kind} T={key} {domain}",
                     peer_drafter=peer_drafter if use_peer else None,
                     draft_tokens=proposer.draft_tokens if use_peer else 0, repeats=config.timing_repeats)
                 tallies[(kind, key, domain)] = tally

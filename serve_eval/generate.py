@@ -49,7 +49,8 @@ def run(params: Params, args: argparse.Namespace) -> None:
     generation = decode(verifier, prompt_ids, args.max_new_tokens, proposer=proposer,
                         sampling=SamplingConfig(temperature=args.temperature, top_k=params.evaluate.top_k,
                                                 top_p=params.evaluate.top_p),
-                        eos_token_id=stop_token_ids(verifier, tokenizer), generator=torch.Generator().manual_seed(args.seed))
+                        eos_token_id=stop_token_ids(verifier.generation_config, tokenizer),
+                        generator=torch.Generator().manual_seed(args.seed))
     console.print(render(tokenizer, generation))
     console.print("[bold green]green[/] = accepted draft tokens; plain = verifier's correction/bonus token")
     for index, step in enumerate(generation.steps):

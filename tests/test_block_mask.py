@@ -42,7 +42,7 @@ def test_full_vocabulary_gets_its_rarest_ordinary_id(llama):
     # the special ids are never chosen, however rare: bos, eos and the end-of-turn id of generation_config
     everything_but_specials = corpus_of([list(range(3, vocab)) * 2])
     assert resolve_mask("auto", verifier, tokenizer, everything_but_specials).token_id not in (0, 1, 2)
-    assert stop_token_ids(verifier, tokenizer) == [1, 2]
+    assert stop_token_ids(verifier.generation_config, tokenizer) == [1, 2]
 
 
 def test_spare_special_ids_come_first():

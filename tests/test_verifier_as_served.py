@@ -36,7 +36,7 @@ def test_generation_stops_at_every_end_id_of_the_generation_config():
     free = decode(verifier, prompt, 12).new_ids
     end = free[4]  # make a token the verifier emits its end-of-turn id, as a chat checkpoint's config says
     verifier.generation_config.eos_token_id = [tokenizer.eos_token_id, end]
-    stops = stop_token_ids(verifier, tokenizer)
+    stops = stop_token_ids(verifier.generation_config, tokenizer)
     assert stops == sorted({tokenizer.eos_token_id, end})
     stopped = decode(verifier, prompt, 12, eos_token_id=stops)
     assert stopped.finish_reason == "eos" and stopped.new_ids == free[: free.index(end) + 1]

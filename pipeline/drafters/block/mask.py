@@ -78,4 +78,4 @@ def resolve_mask(mode: str, verifier: PreTrainedModel, tokenizer: PreTrainedToke
         raise DraftlineError("train.block.mask is 'token' but the verifier's tokenizer has no mask token; "
                              "set train.block.mask to 'auto' (an existing id chosen by rule)")
     vocab_size = int(verifier.config.get_text_config().vocab_size)
-    return choose_mask(tokenizer, vocab_size, stop_token_ids(verifier, tokenizer), train)
+    return choose_mask(tokenizer, vocab_size, stop_token_ids(verifier.generation_config, tokenizer), train)
