@@ -30,7 +30,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from data_prep.corpus import COLUMNS, SPLITS, STATS_NAME
 from data_prep.engines import Engine, Request, open_engine
-from data_prep.sources import DOMAINS, collect_prompts, split_of, stable_hash
+from data_prep.sources import collect_prompts, split_of, stable_hash
 from data_prep.verifier import load_verifier, model_location, read_record, verifier_identity
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
@@ -100,21 +100,35 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, user_text: str) -> list[
     return list(tokenizer(outcome[0], add_special_tokens=False)["input_ids"])
 
 
+def served_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str, max_tokens: int) -> list[int]:
+    """`text` encoded as a server encodes a prompt, with the special tokens the tokenizer adds (a Llama
+    tokenizer's BOS), its text part cut to the last `max_tokens` tokens."""
+    plain = tokenizer(text, add_special_tokens=False)["input_ids"]
+    full = tokenizer(text)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return full[:start] + plain[-max_tokens:] + full[start + len(plain):]
+    return full[-max_tokens:]  # specials that change the text's own tokens: keep the tail as encoded
+
+
 def work_items(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> list[WorkItem]:
     """Prompts truncated to their last `prompt_max_tokens` tokens, ordered by length so batches pad little.
 
-    A chat-source prompt, when the verifier has a chat template, becomes the templated ids of its
-    (truncated) user turn: the limit applies to the user's text, the template adds its own tokens.
+    A prompt is encoded as the verifier is served: with the tokenizer's own special tokens (BOS), or,
+    for a chat source when the verifier has a chat template, as the templated ids of its (truncated)
+    user turn: the limit applies to the user's text, the template adds its own tokens.
     """
     items = []
     for prompt in collect_prompts(config):
-        ids = tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"][-config.prompt_max_tokens:]
-        if not ids:
+        text_ids = tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"][-config.prompt_max_tokens:]
+        if not text_ids:
             continue
         chat_text = None
         if prompt.chat and tokenizer.chat_template:
-            chat_text = tokenizer.decode(ids)
+            chat_text = tokenizer.decode(text_ids)
             ids = chat_prompt_ids(tokenizer, chat_text)
+        else:
+            ids = served_prompt_ids(tokenizer, prompt.prompt, config.prompt_max_tokens)
         digest = hashlib.sha256(prompt.prompt.encode()).hexdigest()[:16]
         items.append(WorkItem(
             id=f"{prompt.domain}-{digest}", domain=prompt.domain, source=prompt.source,
@@ -300,13 +314,14 @@ def corpus_stats(rows: list[dict]) -> dict:
             "finish_reasons": dict(sorted(Counter(row["finish_reason"] for row in group).items())),
         }
 
+    domains = sorted({row["domain"] for row in rows})
     by_split: dict[str, dict] = defaultdict(dict)
     for split in SPLITS:
-        for domain in DOMAINS:
+        for domain in domains:
             by_split[split][domain] = summarise([r for r in rows if r["split"] == split and r["domain"] == domain])
     return {
         **summarise(rows),
-        "by_domain": {domain: summarise([r for r in rows if r["domain"] == domain]) for domain in DOMAINS},
+        "by_domain": {domain: summarise([r for r in rows if r["domain"] == domain]) for domain in domains},
         "by_split": dict(by_split),
     }
 
@@ -359,7 +374,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
     summary = {split: sum(1 for r in rows if r["split"] == split) for split in SPLITS}
     print_summary("build_corpus", {
         "rows (train/validation/test)": "/".join(str(summary[s]) for s in SPLITS),
-        "rows code / text": f"{stats['by_domain']['code']['rows']} / {stats['by_domain']['text']['rows']}",
+        "rows per domain": ", ".join(f"{domain} {entry['rows']}" for domain, entry in stats["by_domain"].items()),
         "response tokens": stats["response_tokens"],
         "mean response length": stats["mean_response_length"],
         "finish eos / length": f"{stats['finish_reasons'].get('eos', 0)} / {stats['finish_reasons'].get('length', 0)}",

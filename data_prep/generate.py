@@ -8,13 +8,13 @@ a prompt's continuation does not depend on which other prompts share its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from pipeline.config import SamplingConfig
-from pipeline.sampling import warp_probs
+from pipeline.sampling import stop_set, warp_probs
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def generate_batch(
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
-    eos_token_id: int | None,
+    eos_token_id: int | Collection[int] | None,
     pad_token_id: int,
     sampling: SamplingConfig = SamplingConfig(),
     seeds: Sequence[int] | None = None,
@@ -57,6 +57,7 @@ def generate_batch(
         return []
     if any(len(prompt) == 0 for prompt in prompts):
         raise ValueError("every prompt needs at least one token")
+    stops = stop_set(eos_token_id)
     generators = None
     if sampling.temperature > 0:
         seeds = list(seeds) if seeds is not None else list(range(len(prompts)))
@@ -76,7 +77,7 @@ def generate_batch(
         keep = []
         for row, token in enumerate(tokens.tolist()):
             responses[active[row]].append(token)
-            if token == eos_token_id:
+            if token in stops:
                 reasons[active[row]] = "eos"
             else:
                 keep.append(row)

@@ -12,16 +12,16 @@ import ast
 import gzip
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from data_prep.stdlib_text import docstrings, paragraphs, pydoc_topic_paragraphs, read_source, stdlib_source_files
-from pipeline.config import CorpusConfig, PromptSourceConfig, SplitConfig
+from pipeline.config import DOMAIN_PATTERN, CorpusConfig, PromptSourceConfig, SplitConfig
 from pipeline.errors import DraftlineError
 from pipeline.progress import info
 
-DOMAINS = ("code", "text")
 FILE_PREFIX_LINES = 12
 TEXT_PROMPT_CHARS = 240
 
@@ -29,7 +29,7 @@ TEXT_PROMPT_CHARS = 240
 @dataclass(frozen=True)
 class Prompt:
     prompt: str
-    domain: str  # 'code' | 'text'
+    domain: str  # the source's name for it: gates and limits are per domain
     source: str
     chat: bool = False  # a user turn: templated as a chat message when the verifier has a chat template
 
@@ -157,10 +157,10 @@ def map_records(records: Iterable[dict], config: PromptSourceConfig, origin: str
         domain = config.domain
         if config.domain_field:
             domain = field_value(record, config.domain_field)
-            if domain not in DOMAINS:
+            if not isinstance(domain, str) or not re.fullmatch(DOMAIN_PATTERN, domain):
                 raise DraftlineError(
-                    f"{origin}: field '{config.domain_field}' has value {domain!r}, expected 'code' or 'text'; "
-                    "set a fixed 'domain' instead of 'domain_field'"
+                    f"{origin}: field '{config.domain_field}' has value {domain!r}, expected a domain name "
+                    "(letters, digits, '_' or '-'); set a fixed 'domain' instead of 'domain_field'"
                 )
         prompts.append(Prompt(text, domain, origin, config.chat))
     if records and not prompts:
@@ -195,9 +195,9 @@ def hf_records(config: PromptSourceConfig) -> list[dict]:
 
 def load_source(config: PromptSourceConfig) -> list[Prompt]:
     if config.kind == "stdlib_code":
-        prompts = [Prompt(text, config.domain or "code", "stdlib_code") for text in stdlib_code_prompts()]
+        prompts = [Prompt(text, config.fixed_domain, "stdlib_code") for text in stdlib_code_prompts()]
     elif config.kind == "stdlib_text":
-        prompts = [Prompt(text, config.domain or "text", "stdlib_text") for text in stdlib_text_prompts()]
+        prompts = [Prompt(text, config.fixed_domain, "stdlib_text") for text in stdlib_text_prompts()]
     elif config.kind == "file":
         path = Path(config.path).expanduser()
         prompts = map_records(read_records(path), config, path.name)
@@ -241,9 +241,9 @@ def collect_prompts(config: CorpusConfig) -> list[Prompt]:
     """All sources, deduplicated, at most `max_prompts_per_domain` per domain, in a fixed order."""
     prompts = deduplicate(prompt for source in config.sources for prompt in load_source(source))
     chosen = []
-    for domain in DOMAINS:
+    for domain in sorted({prompt.domain for prompt in prompts}):
         in_domain = stable_order([p for p in prompts if p.domain == domain], salt=f"select{config.seed}")
-        limit = config.max_prompts_per_domain.get(domain)
+        limit = config.prompt_limit(domain)
         chosen.extend(in_domain[:limit] if limit else in_domain)
     if not chosen:
         raise DraftlineError("corpus.sources produced no prompts; check the sources and their prompt_field")

@@ -10,7 +10,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Literal, Optional, Union, get_args
+from typing import Annotated, Literal, Optional, Union, get_args
 
 import yaml
 from pydantic import (
@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     PositiveInt,
     StrictBool,
+    StringConstraints,
     ValidationError,
     field_validator,
     model_validator,
@@ -31,6 +32,12 @@ DrafterName = Literal["ar", "block"]
 DRAFTER_NAMES: tuple[str, ...] = get_args(DrafterName)
 
 DEFAULT_PARAMS_PATH = Path("params.yaml")
+
+# A domain is whatever the corpus sources call it; no dots, since metrics are keyed `<domain>.<metric>`.
+DOMAIN_PATTERN = r"^[A-Za-z0-9_-]+$"
+DomainName = Annotated[str, StringConstraints(pattern=DOMAIN_PATTERN)]
+# The built-in sources' domain when they name none.
+STDLIB_DOMAINS = {"stdlib_code": "code", "stdlib_text": "text"}
 
 
 class Section(BaseModel):
@@ -159,7 +166,7 @@ class PromptSourceConfig(Section):
     """
 
     kind: Literal["stdlib_code", "stdlib_text", "file", "hf"]
-    domain: Optional[Literal["code", "text"]] = None
+    domain: Optional[DomainName] = None
     path: Optional[str] = None
     name: Optional[str] = None
     subset: Optional[str] = None
@@ -180,6 +187,11 @@ class PromptSourceConfig(Section):
         if self.kind in ("file", "hf") and self.domain is None and self.domain_field is None:
             raise ValueError("a 'file'/'hf' source needs 'domain' or 'domain_field'")
         return self
+
+    @property
+    def fixed_domain(self) -> str | None:
+        """The domain of every prompt of this source; None when a record field decides it."""
+        return None if self.domain_field else self.domain or STDLIB_DOMAINS.get(self.kind)
 
 
 class SamplingConfig(Section):
@@ -230,8 +242,8 @@ class CorpusConfig(Section):
         ],
         min_length=1,
     )
-    max_prompts_per_domain: dict[Literal["code", "text"], int] = Field(
-        default_factory=lambda: {"code": 400, "text": 400}
+    max_prompts_per_domain: Union[int, dict[DomainName, int]] = Field(
+        400, description="one limit for every domain, or a limit per domain name (domains left out: no limit)"
     )
     prompt_max_tokens: int = Field(96, ge=4)
     max_new_tokens: int = Field(64, ge=1)
@@ -264,11 +276,20 @@ class CorpusConfig(Section):
 
     @field_validator("max_prompts_per_domain")
     @classmethod
-    def _positive_limits(cls, value: dict[str, int]) -> dict[str, int]:
-        for domain, limit in value.items():
+    def _positive_limits(cls, value: int | dict[str, int]) -> int | dict[str, int]:
+        for domain, limit in (value.items() if isinstance(value, dict) else [("every", value)]):
             if limit < 1:
                 raise ValueError(f"limit for domain '{domain}' must be >= 1, got {limit}")
         return value
+
+    def prompt_limit(self, domain: str) -> int | None:
+        limits = self.max_prompts_per_domain
+        return limits.get(domain) if isinstance(limits, dict) else limits
+
+    def domains(self) -> set[str] | None:
+        """The domains the sources give; None when a source reads them from its records."""
+        fixed = [source.fixed_domain for source in self.sources]
+        return None if None in fixed else set(fixed)
 
 
 # --------------------------------------------------------------------------- training
@@ -283,6 +304,10 @@ class TrainerConfig(Section):
     offload_optimizer: StrictBool = False
     offload_parameters: StrictBool = False
     max_steps: int = Field(300, ge=1)
+    epochs: Optional[float] = Field(
+        None, gt=0, description="null: train max_steps; N: as many steps as N passes over the training split "
+        "take (max_steps is then ignored), so the budget follows the corpus of whatever verifier is used",
+    )
     batch_size: int = Field(16, ge=1)
     accumulate_grad_batches: int = Field(1, ge=1)
     learning_rate: float = Field(2e-3, gt=0, lt=1)
@@ -374,6 +399,11 @@ class BlockLossConfig(Section):
         if self.ce + self.fkl <= 0:
             raise ValueError("at least one of ce/fkl must have a weight > 0")
         return self
+
+
+LEARNED_MASK_WARNING = ("train.block.mask is 'learned': the block drafter will train, but vLLM, SGLang and "
+                        "TensorRT-LLM cannot serve a learned mask embedding, so export will refuse it "
+                        "('auto' picks a servable vocabulary id)")
 
 
 class BlockDrafterConfig(Section):
@@ -471,6 +501,13 @@ class EvaluateConfig(Section):
     backend: Literal["torch", "onnx"] = "torch"
     seed: int = Field(0, ge=0)
     peer_baseline: StrictBool = True
+    timing_repeats: int = Field(
+        3, ge=1, description="passes over the prompts, baseline and speculative interleaved; speedup is their median",
+    )
+    max_speedup_spread: float = Field(
+        0.25, gt=0, description="(max - min) / median of the repeats' speedups above which evaluate says the "
+        "timing is too noisy to decide on",
+    )
 
     @field_validator("temperatures")
     @classmethod
@@ -517,12 +554,13 @@ class PromoteConfig(Section):
     model_name_prefix: str = "draftline"
     require_lossless: StrictBool = True
     max_regression: float = Field(0.05, ge=0, le=1)
-    gates: dict[Literal["code", "text"], DomainGate] = Field(
-        default_factory=lambda: {
-            "code": DomainGate(min_tau=1.2, min_speedup=1.0),
-            "text": DomainGate(min_tau=1.1, min_speedup=1.0),
-        }
+    default_gate: DomainGate = DomainGate(min_tau=1.2, min_speedup=1.0)
+    gates: dict[DomainName, DomainGate] = Field(
+        default_factory=dict, description="floors for the named domains; every other domain gets default_gate",
     )
+
+    def gate(self, domain: str) -> DomainGate:
+        return self.gates.get(domain, self.default_gate)
 
 
 class Params(Section):
@@ -535,6 +573,17 @@ class Params(Section):
     tracking: TrackingConfig = TrackingConfig()
     serve_check: ServeCheckConfig = ServeCheckConfig()
     promote: PromoteConfig = PromoteConfig()
+
+    @model_validator(mode="after")
+    def _domains_have_sources(self) -> "Params":
+        """A gate for a domain no source gives could never pass (its metrics never exist): said now, not
+        as a missing metric at promote."""
+        domains = self.corpus.domains()
+        for domain in self.promote.gates if domains is not None else ():
+            if domain not in domains:
+                raise ValueError(f"promote.gates.{domain}: no corpus source has domain '{domain}' "
+                                 f"(the sources give {sorted(domains)}); remove the gate or add a source")
+        return self
 
     @model_validator(mode="after")
     def _target_layers_exist(self) -> "Params":

@@ -161,6 +161,13 @@ def _regression_check(metric: str, value: float, champion_value: float, toleranc
     return Comparison("regression", metric, value, threshold, passed, detail)
 
 
+def gated_domains(candidate: Mapping[str, float], config: PromoteConfig) -> list[str]:
+    """Every evaluated domain (those without a gate of their own get the default gate) and every gated one
+    (a gated domain the evaluation lacks fails on its missing metrics)."""
+    evaluated = {metric.rpartition(".")[0] for metric in candidate if metric.endswith(".tau")}
+    return sorted(evaluated | set(config.gates))
+
+
 def decide(
     candidate: Mapping[str, float],
     config: PromoteConfig,
@@ -173,12 +180,16 @@ def decide(
     if config.require_lossless:
         comparisons.append(_lossless_check(candidate))
     comparisons += _range_failures(candidate)
-    for domain, floors in sorted(config.gates.items()):
+    domains = gated_domains(candidate, config)
+    if not domains:
+        comparisons.append(Comparison("floor", "domains", None, None, False, "no domain was evaluated"))
+    for domain in domains:
+        floors = config.gate(domain)
         for name, floor in (("tau", floors.min_tau), ("speedup", floors.min_speedup)):
             metric = f"{domain}.{name}"
             comparisons.append(_floor_check(metric, candidate.get(metric, math.nan), floor))
     if champion is not None:
-        for domain in sorted(config.gates):
+        for domain in domains:
             for name in GATED_METRICS:
                 metric = f"{domain}.{name}"
                 comparisons.append(_regression_check(

@@ -141,6 +141,14 @@ def mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
     return tokenizer.get_vocab().get(MASK_TOKEN)
 
 
+def stop_token_ids(generation_config, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every id that ends the verifier's text as it is served: its generation_config's eos (an int or a
+    list; chat models end turns with an id that is not the tokenizer's eos) and the tokenizer's eos."""
+    configured = getattr(generation_config, "eos_token_id", None)
+    ids = configured if isinstance(configured, list) else [configured]
+    return sorted({int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None})
+
+
 def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
     return {"eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id, "mask": mask_token_id(tokenizer)}
 

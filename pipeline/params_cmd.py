@@ -8,13 +8,15 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
+from pipeline.config import LEARNED_MASK_WARNING, Params
+from pipeline.progress import warn
 
 
 def _check(params: Params, args: argparse.Namespace) -> None:
     for where in params.project.dirs_outside(Path.cwd()):
-        print(f"draftline: warning: {where} is outside the project directory (allowed; check it is meant)",
-              file=sys.stderr)
+        warn(f"{where} is outside the project directory (allowed; check it is meant)")
+    if params.train.block.mask == "learned":
+        warn(LEARNED_MASK_WARNING)
     print(f"{args.params}: ok (params hash {params.section_hash()})")
 
 

@@ -29,3 +29,8 @@ def print_summary(title: str, rows: Mapping[str, object]) -> None:
 
 def info(message: str) -> None:
     console.print(message)
+
+
+def warn(message: str) -> None:
+    """One `draftline: warning: ...` line, the form `params check` uses."""
+    print(f"draftline: warning: {message}", file=sys.stderr)

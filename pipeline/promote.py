@@ -4,9 +4,10 @@ For each drafter in `metrics/eval.json`: one MLflow run (child of its training r
 in the same experiment) holding the evaluation metrics, inputs and the serving checkpoint as a logged
 model, registered as a new version of `<prefix>-<verifier id>-<kind>`. The gate decides whether the
 `champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint identity), so rerunning on
-the same evaluation finds the version it registered before and changes nothing; a checkpoint already
-registered with other metrics is not registered again. A new verifier means a new registered model:
-its first promotion names the previous verifier's champion, which it is not compared against.
+the same evaluation finds the version it registered before and changes nothing, unless the gate itself
+(`promote` thresholds) changed: then that version is gated again. A checkpoint already registered with
+other metrics is not registered again. A new verifier means a new registered model: its first
+promotion names the previous verifier's champion, which it is not compared against.
 Metrics are bound to artifacts: eval.json and serving.json record the identities of the drafter, export
 and verifier they measured, and a drafter whose files differ now is refused before registration.
 With `serve_check.required` (the default) a drafter whose stage `serve_check` did not pass (it did not
@@ -61,6 +62,7 @@ from pipeline.tracking import tracking_uri
 from serve_eval.serving_rule import domain_failures
 
 DVC_LOCK = Path("dvc.lock")
+TAG_GATE_KEY = "gate.key"  # hash of the gate config (promote thresholds) the decision was made under
 
 
 @dataclass(frozen=True)
@@ -194,14 +196,19 @@ def gate_params(params: Params) -> dict[str, object]:
     config = params.promote
     out: dict[str, object] = {"gate.require_lossless": config.require_lossless,
                               "gate.max_regression": config.max_regression}
-    for domain, floors in sorted(config.gates.items()):
+    for domain, floors in [("default_gate", config.default_gate), *sorted(config.gates.items())]:
         out[f"gate.{domain}.min_tau"] = floors.min_tau
         out[f"gate.{domain}.min_speedup"] = floors.min_speedup
     return out
 
 
+def gate_key(params: Params) -> str:
+    """The gate that made a decision: a version's decision stands only while this is unchanged."""
+    return hashlib.sha256(json.dumps(gate_params(params), sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _version_record(registry: Registry, name: str, version: str, decision: GateDecision,
-                    already_registered: bool) -> dict:
+                    already_registered: bool, regated: bool = False) -> dict:
     current = registry.version(name, version)
     champion = registry.alias_version(name, CHAMPION)
     previous = registry.alias_version(name, PREVIOUS_CHAMPION)
@@ -217,6 +224,7 @@ def _version_record(registry: Registry, name: str, version: str, decision: GateD
         "champion_version": str(champion.version) if champion else None,
         "previous_champion_version": str(previous.version) if previous else None,
         "already_registered": already_registered,
+        "regated": regated,
         "source": current.tags.get("draftline.source"),
         "source_path": current.tags.get("draftline.source_path"),
         "run_id": current.run_id,
@@ -295,6 +303,7 @@ def gate_version(registry: Registry, params: Params, name: str, version: str) ->
         TAG_GATE: outcome,
         TAG_GATE_REASONS: "; ".join(decision.reasons) or "all thresholds passed",
         TAG_GATE_DECISION: json.dumps(decision.to_dict(), sort_keys=True),
+        TAG_GATE_KEY: gate_key(params),
     })
     if candidate.run_id:
         registry.client.set_tag(candidate.run_id, TAG_GATE, outcome)
@@ -325,17 +334,21 @@ def promote_drafter(registry: Registry, params: Params, paths: ArtifactPaths, ev
         registry, params, name, kind)
 
     existing = registry.find_version(name, eval_key) or registry.find_version(name, identity, TAG_ARTIFACT)
-    if existing is not None and TAG_GATE_DECISION in existing.tags:
+    decided = existing is not None and TAG_GATE_DECISION in existing.tags
+    # a forced version is a person's decision: no threshold change overrides it
+    if decided and (existing.tags.get(TAG_GATE_KEY) == gate_key(params) or existing.tags.get(TAG_GATE) == "forced"):
         decision = GateDecision.from_dict(json.loads(existing.tags[TAG_GATE_DECISION]))
-        version, already_registered = str(existing.version), True
+        version, already_registered, regated = str(existing.version), True, False
     else:
-        # A version without a decision is left over from an interrupted run: gate it, don't duplicate it.
+        # A version without a decision is left over from an interrupted run, one decided under other
+        # thresholds is re-gated under these: gate it again, don't duplicate it.
         version = str(existing.version) if existing is not None else _register(
             registry, params, paths, evaluation, kind, name, eval_key, checkpoint, source, identity
         )
         decision = gate_version(registry, params, name, version)
-        already_registered = existing is not None
-    record = _version_record(registry, name, version, decision, already_registered=already_registered)
+        already_registered, regated = existing is not None, decided
+    record = _version_record(registry, name, version, decision, already_registered=already_registered,
+                             regated=regated)
     record["other_verifier_champion"] = not_comparable
     return record
 
@@ -454,7 +467,8 @@ def comparisons_table(title: str, comparisons: list[dict]) -> Table:
 
 def print_decision(kind: str, record: dict) -> None:
     verdict = "[bold green]PROMOTED[/]" if record["promoted"] else "[bold red]REJECTED[/]"
-    rerun = " (already registered: no change)" if record["already_registered"] else ""
+    rerun = (" (already registered: re-gated, promote thresholds changed)" if record["regated"]
+             else " (already registered: no change)" if record["already_registered"] else "")
     title = f"{kind}: {record['model_name']} v{record['version']} {verdict}{rerun}"
     console.print(comparisons_table(title, record["comparisons"]))
     for reason in record["reasons"]:

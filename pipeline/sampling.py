@@ -9,9 +9,18 @@ once (as gpt-fast does), with one host sync per verifier step instead of one per
 
 from __future__ import annotations
 
+from typing import Collection
+
 import torch
 
 from pipeline.config import SamplingConfig
+
+
+def stop_set(eos_token_id: int | Collection[int] | None) -> frozenset[int]:
+    """Ids that end generation: one eos id, or all of a verifier's (`integrity.stop_token_ids`)."""
+    if eos_token_id is None:
+        return frozenset()
+    return frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
 
 
 def warp_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

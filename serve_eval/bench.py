@@ -21,6 +21,7 @@ from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
 from pipeline.errors import DraftlineError
+from pipeline.integrity import stop_token_ids
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info
 from serve_eval.evaluate import evaluate_cell
@@ -37,7 +38,7 @@ def demo_setup(params: Params, per_domain: int):
     config = params.evaluate.model_copy(update={"drafters": kinds, "backend": "torch"})
     proposers = {kind: (drafter.proposer, drafter.peer_model)
                  for kind, drafter in load_drafters(paths, config, verifier, tokenizer).items()}
-    return verifier, tokenizer.eos_token_id, prompts, proposers
+    return verifier, stop_token_ids(verifier.generation_config, tokenizer), prompts, proposers
 
 
 def random_setup(params: Params, count: int):
@@ -56,7 +57,7 @@ def random_setup(params: Params, count: int):
     prompts = torch.randint(3, 512, (count, 24)).tolist()
     proposers = {"ar": (ARProposer(TorchARDrafter(drafter), params.train.ar.draft_tokens), drafter),
                  "block": (BlockProposer(BlockDrafter(block, verifier, params.evaluate.denoise_steps)), None)}
-    return verifier, None, prompts, proposers
+    return verifier, [], prompts, proposers
 
 
 def run(params: Params, args: argparse.Namespace) -> None:

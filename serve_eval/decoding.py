@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Collection
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -18,7 +19,7 @@ from transformers import DynamicCache, PreTrainedModel
 from pipeline.config import SamplingConfig
 from pipeline.drafters.kind import Proposer
 from pipeline.kv_cache import crop_cache
-from pipeline.sampling import greedy_accept, rejection_accept, warp_probs
+from pipeline.sampling import greedy_accept, rejection_accept, stop_set, warp_probs
 
 
 @dataclass
@@ -72,13 +73,14 @@ def decode(
     *,
     proposer: Proposer | None = None,
     sampling: SamplingConfig = SamplingConfig(),
-    eos_token_id: int | None = None,
+    eos_token_id: int | Collection[int] | None = None,
     generator: torch.Generator | None = None,
 ) -> Generation:
     """Generate up to `max_new_tokens` after `prompt_ids`; `proposer=None` is plain verifier decoding."""
     if not prompt_ids:
         raise ValueError("decode needs at least one prompt token")
     device = verifier.device
+    stops = stop_set(eos_token_id)
     tokens = list(prompt_ids)
     cache = DynamicCache(config=verifier.config)
     result = Generation(prompt_ids=list(prompt_ids), new_ids=[])
@@ -107,8 +109,9 @@ def decode(
         else:
             accepted, next_token = rejection_accept(drafts, warp_probs(logits, sampling), draft_probs, generator)
         new = drafts[:accepted] + [next_token]  # at most `remaining`: k <= remaining - 1
-        if eos_token_id is not None and eos_token_id in new:
-            new = new[: new.index(eos_token_id) + 1]
+        ends = [index for index, token in enumerate(new) if token in stops]
+        if ends:
+            new = new[: ends[0] + 1]
             result.finish_reason = "eos"
         tokens.extend(new)
         result.new_ids.extend(new)

@@ -20,10 +20,10 @@ from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params, SamplingConfig
 from pipeline.drafters.kind import Proposer
-from pipeline.integrity import measured_artifacts
+from pipeline.integrity import measured_artifacts, stop_token_ids
 from pipeline.lineage import library_versions
 from pipeline.paths import ArtifactPaths
-from pipeline.progress import console, info, progress
+from pipeline.progress import console, info, progress, warn
 from serve_eval.decoding import Generation, decode
 from serve_eval.loading import load_drafters, load_test_prompts, load_verifier_for_decoding
 from serve_eval.peer import hf_assisted_generate
@@ -36,8 +36,8 @@ def temperature_key(temperature: float) -> str:
 
 
 def evaluate_cell(verifier, proposer: Proposer, prompts: list[list[int]], sampling: SamplingConfig, *,
-                  max_new_tokens: int, eos_token_id: int | None, seed: int, desc: str,
-                  peer_drafter=None, draft_tokens: int = 0) -> Tally:
+                  max_new_tokens: int, eos_token_id: list[int], seed: int, desc: str,
+                  peer_drafter=None, draft_tokens: int = 0, repeats: int = 1) -> Tally:
     tally = Tally()
     run = dict(sampling=sampling, eos_token_id=eos_token_id)
     # warm-up: first-call allocations and kernel selection must not land in either timing
@@ -47,13 +47,19 @@ def evaluate_cell(verifier, proposer: Proposer, prompts: list[list[int]], sampli
         return decode(verifier, prompt, max_new_tokens, proposer=with_proposer,
                       generator=torch.Generator().manual_seed(seed + seed_offset), **run)
 
-    for index, prompt in enumerate(progress(prompts, desc=desc, unit="prompt")):
-        if index % 2:  # alternate the order so drift (thermal, caches) hits both sides equally
+    # Whole passes over the prompts, each prompt's baseline and speculative runs back to back: a load
+    # change mid-cell hits both sides of a repeat, and a repeat it ruins is outvoted by the others.
+    runs = [(repeat, index, prompt) for repeat in range(repeats) for index, prompt in enumerate(prompts)]
+    for repeat, index, prompt in progress(runs, desc=desc, unit="prompt"):
+        if (index + repeat) % 2:  # alternate the order so drift (thermal, caches) hits both sides equally
             spec = one_run(prompt, proposer, 10_000 + index)
             base = one_run(prompt, None, index)
         else:
             base = one_run(prompt, None, index)
             spec = one_run(prompt, proposer, 10_000 + index)
+        tally.add_time(repeat, spec, base)
+        if repeat:
+            continue
         tally.add(spec, base)
         if sampling.greedy and spec.new_ids != base.new_ids:
             tally.mismatches += 1
@@ -94,11 +100,17 @@ def run(params: Params, args: argparse.Namespace) -> dict:
                 use_peer = config.peer_baseline and sampling.greedy and peer_drafter is not None
                 tally = evaluate_cell(
                     verifier, proposer, domain_prompts, sampling, max_new_tokens=config.max_new_tokens,
-                    eos_token_id=tokenizer.eos_token_id, seed=config.seed, desc=f"{kind} T={key} {domain}",
+                    eos_token_id=stop_token_ids(verifier.generation_config, tokenizer), seed=config.seed,
+                    desc=f"{kind} T={key} {domain}",
                     peer_drafter=peer_drafter if use_peer else None,
-                    draft_tokens=proposer.draft_tokens if use_peer else 0)
+                    draft_tokens=proposer.draft_tokens if use_peer else 0, repeats=config.timing_repeats)
                 tallies[(kind, key, domain)] = tally
-                entry["by_temperature"][key][domain] = tally.metrics()
+                entry["by_temperature"][key][domain] = metrics = tally.metrics()
+                if metrics["speedup_spread"] > config.max_speedup_spread:
+                    warn(f"{kind} T={key} {domain}: speedup {metrics['speedup']:.2f}x varies by "
+                         f"{metrics['speedup_spread']:.0%} over {config.timing_repeats} repeats (limit "
+                         f"{config.max_speedup_spread:.0%}): the machine is too noisy for the speed gate to decide; "
+                         "re-run evaluate on a quieter machine or raise evaluate.timing_repeats")
                 entry["mismatches"] += tally.mismatches
         entry["lossless"] = entry["mismatches"] == 0
         report["drafters"][kind] = entry

@@ -12,6 +12,7 @@ from rich.text import Text
 from pipeline.cli import positive_int_arg, run_stage, stage_parser, temperature_arg
 from pipeline.config import DRAFTER_NAMES, Params, SamplingConfig
 from pipeline.errors import DraftlineError
+from pipeline.integrity import stop_token_ids
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, print_summary
 from serve_eval.decoding import decode
@@ -48,7 +49,8 @@ def run(params: Params, args: argparse.Namespace) -> None:
     generation = decode(verifier, prompt_ids, args.max_new_tokens, proposer=proposer,
                         sampling=SamplingConfig(temperature=args.temperature, top_k=params.evaluate.top_k,
                                                 top_p=params.evaluate.top_p),
-                        eos_token_id=tokenizer.eos_token_id, generator=torch.Generator().manual_seed(args.seed))
+                        eos_token_id=stop_token_ids(verifier.generation_config, tokenizer),
+                        generator=torch.Generator().manual_seed(args.seed))
     console.print(render(tokenizer, generation))
     console.print("[bold green]green[/] = accepted draft tokens; plain = verifier's correction/bonus token")
     for index, step in enumerate(generation.steps):

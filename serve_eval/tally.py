@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from serve_eval.decoding import Generation
@@ -16,10 +17,11 @@ class Tally:
     accepted: int = 0
     committed: int = 0
     forwards: int = 0
-    spec_s: float = 0.0
     spec_tokens: int = 0
-    base_s: float = 0.0
     base_tokens: int = 0
+    # wall seconds summed over the prompts, one entry per repeat of the whole cell
+    spec_rounds: list[float] = field(default_factory=list)
+    base_rounds: list[float] = field(default_factory=list)
     draft_s: float = 0.0
     verify_s: float = 0.0
     mismatches: int = 0
@@ -35,9 +37,7 @@ class Tally:
         self.accepted += spec.accepted
         self.committed += len(spec.new_ids)
         self.forwards += spec.verifier_forwards
-        self.spec_s += spec.wall_s
         self.spec_tokens += len(spec.new_ids)
-        self.base_s += base.wall_s
         self.base_tokens += len(base.new_ids)
         for step in spec.steps:
             self.draft_s += step.draft_s
@@ -50,13 +50,38 @@ class Tally:
                 self.position_drafted[position] += 1
                 self.position_accepted[position] += position < step.accepted
 
+    def add_time(self, repeat: int, spec: Generation, base: Generation) -> None:
+        """Timing only: every repeat decodes the same prompts to the same tokens (same seeds)."""
+        if repeat == len(self.spec_rounds):
+            self.spec_rounds.append(0.0)
+            self.base_rounds.append(0.0)
+        self.spec_rounds[repeat] += spec.wall_s
+        self.base_rounds[repeat] += base.wall_s
+
+    @property
+    def spec_s(self) -> float:
+        return statistics.median(self.spec_rounds) if self.spec_rounds else 0.0
+
+    @property
+    def base_s(self) -> float:
+        return statistics.median(self.base_rounds) if self.base_rounds else 0.0
+
+    def speedups(self) -> list[float]:
+        """Per repeat: verifier-alone time over speculative time, per token."""
+        per_token = self.spec_tokens / max(self.base_tokens, 1)
+        return [base / max(spec, 1e-9) * per_token for spec, base in zip(self.spec_rounds, self.base_rounds)]
+
     def metrics(self) -> dict:
         tokens_per_s = self.spec_tokens / max(self.spec_s, 1e-9)
         baseline_tokens_per_s = self.base_tokens / max(self.base_s, 1e-9)
+        speedups = self.speedups() or [0.0]
+        speedup = statistics.median(speedups)
         out = {
             "acceptance_rate": self.accepted / max(1, self.drafted),
             "tau": self.committed / max(1, self.forwards),
-            "speedup": tokens_per_s / baseline_tokens_per_s,
+            "speedup": speedup,  # the median repeat: one slow or lucky repeat does not decide the gate
+            "speedup_runs": speedups,
+            "speedup_spread": (max(speedups) - min(speedups)) / max(speedup, 1e-9),
             "tokens_per_s": tokens_per_s,
             "baseline_tokens_per_s": baseline_tokens_per_s,
             "draft_time_s": self.draft_s,

@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from pipeline.config import BlockDrafterConfig, BlockLossConfig
 from pipeline.drafters.block.model import DFlashDraftModel, build_target_layer_ids, drafter_config, verifier_parts
-from tests.tiny_models import tiny_qwen3, tiny_tokenizer
+from tests.tiny_models import tiny_qwen3
 from train.block_data import block_targets
 from train.losses import block_loss, default_gamma, position_weights
 
@@ -310,7 +310,7 @@ def test_final_norm_starts_as_the_verifiers():
     verifier = tiny_qwen3(VOCAB, num_layers=4, seed=1)
     with torch.no_grad():
         verifier.model.norm.weight.uniform_(0.5, 1.5)
-    drafter = build_drafter(verifier, BlockDrafterConfig(block_size=BLOCK, num_layers=1), tiny_tokenizer(VOCAB), seed=0)
+    drafter = build_drafter(verifier, BlockDrafterConfig(block_size=BLOCK, num_layers=1), MASK_ID, seed=0)
     torch.testing.assert_close(drafter.norm.weight, verifier.model.norm.weight)
 
 

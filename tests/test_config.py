@@ -48,6 +48,30 @@ def test_bad_params_give_one_line_naming_the_key(data, expected):
     assert info.value.exit_code == 2
 
 
+ONE_SOURCE = {"sources": [{"kind": "file", "path": "prompts.jsonl", "domain": "stories"}]}
+
+
+def test_domains_come_from_the_sources():
+    params = parse_params({"corpus": ONE_SOURCE})  # the default gate and limit serve any domain
+    assert params.corpus.domains() == {"stories"} and params.corpus.prompt_limit("stories") == 400
+    assert params.promote.gate("stories") == params.promote.default_gate
+    gated = parse_params({"corpus": ONE_SOURCE, "promote": {"gates": {"stories": {"min_tau": 2.0}}}})
+    assert gated.promote.gate("stories").min_tau == 2.0
+    by_field = {"sources": [{"kind": "file", "path": "p.jsonl", "domain_field": "kind"}]}
+    assert parse_params({"corpus": by_field, "promote": {"gates": {"math": {}}}}).corpus.domains() is None
+
+
+@pytest.mark.parametrize("data, expected", [
+    ({"corpus": ONE_SOURCE, "promote": {"gates": {"code": {"min_tau": 1.2}}}},
+     "promote.gates.code: no corpus source has domain 'code' (the sources give ['stories'])"),
+    ({"promote": {"gates": {"a.b": {}}}}, "String should match pattern"),
+])
+def test_gate_for_a_domain_without_source_is_an_error(data, expected):
+    with pytest.raises(ParamsError) as info:
+        parse_params(data, "params.yaml")
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
 def test_section_hash_changes_with_the_section_only():
     base = Params()
     changed = parse_params({"evaluate": {"max_new_tokens": 7}})

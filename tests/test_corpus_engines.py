@@ -284,7 +284,8 @@ def test_requests_spread_over_endpoints_with_bounded_in_flight():
     servers = [start_fake(tokenizer, delay=0.05) for _ in range(2)]
     try:
         config = CorpusConfig(engine="openai", endpoints=[url for url, _, _ in servers], concurrency=2)
-        engine = OpenAIEngine(config.endpoints, tokenizer, config, name="openai")
+        # 5: an end-of-turn id from the verifier's generation_config, which the server must be told about
+        engine = OpenAIEngine(config.endpoints, tokenizer, config, name="openai", stop_ids=[5])
         sampling = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
         requests = [Request((i + 1, 7, 9), sampling, 6, seed=100 + i) for i in range(16)]
         done = []
@@ -303,6 +304,7 @@ def test_requests_spread_over_endpoints_with_bounded_in_flight():
     path, body = states[0].bodies[0]  # each request carries its own sampling params and seed
     assert path == "/v1/completions" and body["return_token_ids"] is True
     assert (body["temperature"], body["top_k"], body["top_p"]) == (0.7, 5, 0.9) and body["seed"] >= 100
+    assert body["stop_token_ids"] == sorted({5, tokenizer.eos_token_id})
     assert engine.describe()["version"] == "fake-1"
 
 

@@ -73,10 +73,10 @@ def test_every_file_format_maps_prompt_and_domain(tmp_path, suffix):
 
 def test_wrong_prompt_field_and_domain_values_are_clear_errors(tmp_path):
     path = tmp_path / "p.jsonl"
-    path.write_text(json.dumps({"question": "hi", "kind": "math"}) + "\n")
+    path.write_text(json.dumps({"question": "hi", "kind": "math.algebra"}) + "\n")  # metrics are <domain>.<name>
     with pytest.raises(DraftlineError, match="no record has a text field 'prompt'.*question"):
         load_source(PromptSourceConfig(kind="file", path=str(path), domain="text"))
-    with pytest.raises(DraftlineError, match="'math', expected 'code' or 'text'"):
+    with pytest.raises(DraftlineError, match="'math.algebra', expected a domain name"):
         load_source(PromptSourceConfig(kind="file", path=str(path), prompt_field="question", domain_field="kind"))
     with pytest.raises(DraftlineError, match="not found"):
         load_source(PromptSourceConfig(kind="file", path=str(tmp_path / "nope.jsonl"), domain="text"))

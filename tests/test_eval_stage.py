@@ -73,6 +73,8 @@ def test_evaluate_writes_contract_metrics_and_plots(project, monkeypatch):
                 assert metrics["prompts"] == 2 and metrics["tau"] >= 1.0
                 assert 0.0 <= metrics["acceptance_rate"] <= 1.0
     assert "hf_assisted_tokens_per_s" in report["drafters"]["ar"]["by_temperature"]["0.0"]["code"]
+    greedy = report["drafters"]["ar"]["by_temperature"]["0.0"]["code"]
+    assert len(greedy["speedup_runs"]) == 3 and greedy["speedup"] == sorted(greedy["speedup_runs"])[1]
     for name in ("eval_acceptance.csv", "eval_tau_hist.csv", "eval_acceptance.png", "eval_tau_hist.png"):
         assert (project / "plots" / name).stat().st_size > 0
     header = (project / "plots" / "eval_acceptance.csv").read_text().splitlines()[0]
@@ -151,3 +153,25 @@ def test_trust_remote_code_comes_from_params_not_the_artifact(project, monkeypat
     finally:
         record_path.write_text(json.dumps(record))
     assert seen == [False, True]
+
+
+def test_speedup_is_the_median_repeat_and_its_spread_is_recorded():
+    from serve_eval.decoding import Generation
+    from serve_eval.tally import Tally
+
+    tally = Tally()
+    for repeat, (spec_s, base_s) in enumerate([(1.0, 2.0), (4.0, 2.0), (1.0, 1.5)]):  # one repeat hit by load
+        spec, base = Generation([1], [5] * 8, wall_s=spec_s), Generation([1], [5] * 8, wall_s=base_s)
+        if repeat == 0:
+            tally.add(spec, base)
+        tally.add_time(repeat, spec, base)
+    metrics = tally.metrics()
+    assert metrics["speedup_runs"] == [2.0, 0.5, 1.5] and metrics["speedup"] == 1.5
+    assert metrics["speedup_spread"] == 1.0  # (2.0 - 0.5) / 1.5
+
+
+def test_evaluate_says_when_the_timing_is_too_noisy(project, monkeypatch, capsys):
+    monkeypatch.chdir(project)
+    assert main(["--params", write_params(project, temperatures=[0.0], drafters=["ar"], peer_baseline=False,
+                                          max_speedup_spread=1e-9)]) == 0
+    assert "too noisy for the speed gate to decide" in capsys.readouterr().err

@@ -51,6 +51,18 @@ def test_missing_domain_never_promotes():
     assert all("missing/NaN" in reason for reason in decision.reasons)
 
 
+def test_domain_without_a_gate_gets_the_default_gate():
+    config = PromoteConfig(default_gate=DomainGate(min_tau=2.5, min_speedup=0.0))
+    decision = decide({"lossless": 1.0, "mismatches": 0.0, "stories.tau": 2.0, "stories.speedup": 0.9}, config)
+    assert not decision.promote and failing(decision) == {("floor", "stories.tau")}
+    assert decide({"lossless": 1.0, "mismatches": 0.0, "stories.tau": 3.0, "stories.speedup": 0.9}, config).promote
+
+
+def test_no_evaluated_domain_never_promotes():
+    decision = decide({"lossless": 1.0, "mismatches": 0.0}, PromoteConfig())
+    assert not decision.promote and decision.reasons == ["no domain was evaluated"]
+
+
 def test_lossless_not_checked_when_not_required():
     config = CONFIG.model_copy(update={"require_lossless": False})
     decision = decide({**GOOD, "lossless": 0.0}, config)

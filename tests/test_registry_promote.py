@@ -232,6 +232,28 @@ def test_rerun_is_a_no_op(history):
         assert {**again[kind], "already_registered": False} == {**first[kind], "already_registered": False}
 
 
+def test_changed_gate_regates_the_same_version(tmp_path_factory, store, tokenizer_dir, capsys):
+    ws = make_workspace(tmp_path_factory, store, tokenizer_dir, "regate")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ws.root)
+        ws.write_ar_checkpoint(seed=3)
+        ws.write_training("ar", None)
+        ws.write_eval({"ar": drafter_eval(1.5, 1.5)})
+        assert ws.promote()["drafters"]["ar"]["promoted"]
+        params = yaml.safe_load(ws.params.read_text())
+        params["promote"]["gates"]["code"]["min_tau"] = 1.8
+        ws.params.write_text(yaml.safe_dump(params))
+        capsys.readouterr()
+        stricter = ws.promote()["drafters"]["ar"]
+        assert not stricter["promoted"] and stricter["regated"] and stricter["version"] == "1"
+        assert "code.tau 1.5 < floor 1.8" in stricter["reasons"][0]
+        assert "re-gated" in capsys.readouterr().err
+        assert Registry(store).version(ws.name("ar"), "1").tags["gate"] == "rejected"
+        again = ws.promote()["drafters"]["ar"]  # same gate again: the decision stands
+        assert again["already_registered"] and not again["regated"] and not again["promoted"]
+        assert len(Registry(store).versions(ws.name("ar"))) == 1
+
+
 def test_champion_uri_loads_the_promoted_drafter(history, tmp_path):
     import mlflow
     from transformers import AutoModelForCausalLM

@@ -130,3 +130,13 @@ def test_pretrained_init_with_other_vocabulary_is_refused(tmp_path):
     with pytest.raises(DraftlineError, match="differs from the verifier"):
         run(params)
     assert not (tmp_path / "artifacts" / "drafters" / "ar").exists()
+
+
+def test_epochs_budget_follows_the_corpus():
+    from pipeline.config import TrainerConfig
+    from train.trainer import resolve_budget
+
+    assert resolve_budget(TrainerConfig(max_steps=77), 1000).max_steps == 77
+    per_epoch = TrainerConfig(max_steps=77, epochs=2, batch_size=16, accumulate_grad_batches=2)
+    assert resolve_budget(per_epoch, 100).max_steps == 7  # ceil(100 / 16) = 7 batches, x2 epochs, / 2 accumulated
+    assert resolve_budget(per_epoch.model_copy(update={"devices": 2}), 100).max_steps == 4

@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from data_prep.tokenizer import train_bpe_tokenizer
 
@@ -50,3 +58,40 @@ def save_tiny_verifier(directory: Path, *, seed: int = 0, num_layers: int = 4):
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return model, tokenizer
+
+
+LLAMA_SPECIALS = ["<s>", "</s>", "<|eot|>"]  # bos, eos, an end-of-turn id that is not the tokenizer's eos
+
+
+def tiny_llama_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    """Llama-style: adds BOS to every encoding, and has no mask, pad, unk or reserved token to spare."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=LLAMA_SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(TOKENIZER_TEXTS * 4, trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                             special_tokens=[("<s>", 0)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                                   add_bos_token=True, padding_side="left")
+    fast.model_max_length = 1 << 20
+    return fast
+
+
+def tiny_llama(tokenizer: PreTrainedTokenizerFast, *, hidden_size: int = 32, num_layers: int = 5,
+               seed: int = 0) -> LlamaForCausalLM:
+    """Its generation_config ends text at the tokenizer's eos or at `<|eot|>`, as chat checkpoints do."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
+        max_position_embeddings=512, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|eot|>")],
+    )
+    return model

@@ -16,10 +16,12 @@ from pipeline.drafters.ar.model import build_drafter, check_same_vocabulary
 from train.ar_data import ARDataModule
 from train.ar_lit import ARDistillModule, evaluate_agreement
 from train.distill import DrafterRecipe, distill
+from train.trainer import resolve_budget
 
 
 def ar_recipe(params: Params, verifier, tokenizer, corpus) -> DrafterRecipe:
-    cfg, tcfg = params.train.ar, params.train.ar.trainer
+    cfg = params.train.ar
+    tcfg = resolve_budget(cfg.trainer, len(corpus["train"]))
     draft_tokens = cfg.draft_tokens
     drafter = build_drafter(verifier, cfg, tokenizer, seed=params.project.seed)
     check_same_vocabulary(drafter, verifier, "AR drafter")

@@ -23,6 +23,7 @@ from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier
 from pipeline.atomic import write_json_atomic
 from pipeline.config import BlockDrafterConfig, Params
+from pipeline.drafters.block.mask import resolve_mask
 from pipeline.drafters.block.model import build_drafter, build_target_layer_ids, verifier_parts
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
@@ -101,7 +102,8 @@ def train_variant(params: Params, cfg: BlockDrafterConfig, corpus: DatasetDict, 
         "strategy": "auto", "devices": 1, "num_nodes": 1, "accelerator": "cpu", "max_steps": steps,
         "val_every_n_steps": 10 * steps, "checkpoint_every_n_steps": 10 * steps,
     })
-    drafter = build_drafter(verifier, cfg, tokenizer, seed)
+    mask = resolve_mask(cfg.mask, verifier, tokenizer, corpus["train"])
+    drafter = build_drafter(verifier, cfg, mask and mask.token_id, mask and mask.rule, seed)
     if not variant.norm_from_verifier:
         with torch.no_grad():
             drafter.norm.weight.fill_(1.0)

@@ -15,19 +15,29 @@ from typing import Sequence
 
 from pipeline.atomic import save_figure_atomic, write_text_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
-from pipeline.drafters.block.model import build_drafter
+from pipeline.config import LEARNED_MASK_WARNING, BlockDrafterConfig, Params
+from pipeline.drafters.block.mask import resolve_mask
+from pipeline.drafters.block.model import DFlashConfig, build_drafter
 from pipeline.paths import ArtifactPaths
+from pipeline.progress import info, warn
 from train.block_data import BlockDataModule
 from train.block_lit import BlockDistillModule, evaluate_blocks
 from train.distill import DrafterRecipe, distill
+from train.trainer import resolve_budget
 
 
 def block_recipe(params: Params, verifier, tokenizer, corpus, modules: list | None = None) -> DrafterRecipe:
     """The block drafter's recipe; the Lightning module it makes is appended to `modules` when given
     (the stage reads its validation history back for the τ-vs-steps plot)."""
-    cfg, tcfg, seed = params.train.block, params.train.block.trainer, params.project.seed
-    drafter = build_drafter(verifier, cfg, tokenizer, seed)
+    cfg, seed = params.train.block, params.project.seed
+    tcfg = resolve_budget(cfg.trainer, len(corpus["train"]))
+    mask = resolve_mask(cfg.mask, verifier, tokenizer, corpus["train"])
+    if mask is None:
+        warn(LEARNED_MASK_WARNING)
+    else:
+        info(f"block drafter mask token id {mask.describe(tokenizer)}")
+    drafter = build_drafter(verifier, cfg, mask and mask.token_id, mask and mask.rule, seed)
+    info(layer_line(cfg, drafter.config))
     data = BlockDataModule(
         corpus, pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len, batch_size=tcfg.batch_size,
         seed=seed, num_workers=tcfg.num_workers,
@@ -50,8 +60,20 @@ def block_recipe(params: Params, verifier, tokenizer, corpus, modules: list | No
             "block_size": drafter.block_size,
             "target_layer_ids": drafter.config.target_layer_ids,
             "mask_mode": drafter.config.mask_mode,
+            "mask_token_id": drafter.config.mask_token_id,
+            "mask_rule": drafter.config.mask_rule,
         },
     )
+
+
+def layer_line(cfg: BlockDrafterConfig, config: DFlashConfig) -> str:
+    """Which verifier layers feed the drafter, and whether a shallow verifier left fewer than asked for."""
+    layer_ids, depth = config.target_layer_ids, config.num_target_layers
+    line = f"verifier layers feeding the block drafter: {layer_ids} of {depth}"
+    if cfg.target_layer_ids is None and len(layer_ids) < cfg.num_feature_layers:
+        line += (f" (num_feature_layers {cfg.num_feature_layers} collapsed to {len(layer_ids)} distinct layers "
+                 f"on a {depth}-layer verifier)")
+    return line
 
 
 def write_tau_plot(history: list[dict], directory: Path) -> None:
@@ -74,7 +96,8 @@ def write_tau_plot(history: list[dict], directory: Path) -> None:
         if points:
             axis.plot(*zip(*points), marker="o", label=labels[key])
     axis.set(xlabel="training step", ylabel="tokens per verifier forward", title="block drafter τ during training")
-    axis.legend(fontsize=7)
+    if history:
+        axis.legend(fontsize=7)
     save_figure_atomic(figure, directory / "train_block_tau.png")
     plt.close(figure)
 
@@ -83,7 +106,7 @@ def run(params: Params, args: argparse.Namespace | None = None) -> dict | None:
     """Train and save the block drafter; returns training.json's content on rank 0 (None elsewhere)."""
     modules: list[BlockDistillModule] = []
     info = distill(params, lambda *parts: block_recipe(params, *parts[1:], modules=modules))
-    if info is not None and modules and modules[-1].history:
+    if info is not None and modules:  # also when a short budget ended before the first validation
         write_tau_plot(modules[-1].history, ArtifactPaths.from_params(params).plots)
     return info
 

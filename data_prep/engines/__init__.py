@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
 
+from transformers import GenerationConfig
+
 from pipeline.config import CorpusConfig, SamplingConfig
+from pipeline.integrity import stop_token_ids
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,14 @@ class Engine(Protocol):
         """One result per request, in order; `on_done(n)` reports progress."""
 
 
+def served_generation_config(location: str) -> GenerationConfig | None:
+    """The verifier's generation_config.json, when it has one (its end ids)."""
+    try:
+        return GenerationConfig.from_pretrained(location, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
 @contextlib.contextmanager
 def open_engine(config: CorpusConfig, *, model_location: str, dtype: str, tokenizer, log_dir: Path,
                 model=None, trust_remote_code: bool = False) -> Iterator[Engine]:
@@ -54,13 +65,14 @@ def open_engine(config: CorpusConfig, *, model_location: str, dtype: str, tokeni
         return
     from data_prep.engines.openai_client import OpenAIEngine
 
+    stop_ids = stop_token_ids(served_generation_config(model_location), tokenizer)
     if config.engine == "openai":
-        yield OpenAIEngine(config.endpoints, tokenizer, config, name="openai")
+        yield OpenAIEngine(config.endpoints, tokenizer, config, name="openai", stop_ids=stop_ids)
         return
     from data_prep.engines.vllm_server import vllm_server
 
     with vllm_server(model_location, config.vllm, dtype=config.vllm.dtype or dtype,
                      log_path=log_dir / "vllm-serve.log", trust_remote_code=trust_remote_code) as server:
-        engine = OpenAIEngine([server.url], tokenizer, config, name="vllm")
+        engine = OpenAIEngine([server.url], tokenizer, config, name="vllm", stop_ids=stop_ids)
         engine.settings["vllm"] = {**config.vllm.model_dump(mode="json"), "dtype": server.dtype}
         yield engine

@@ -8,6 +8,7 @@ import transformers
 
 from data_prep.engines import Request, Result
 from data_prep.generate import generate_batch
+from pipeline.integrity import stop_token_ids
 
 
 class HFEngine:
@@ -30,7 +31,8 @@ class HFEngine:
                 batch = [requests[i] for i in indices[start : start + self.batch_size]]
                 continuations = generate_batch(
                     self.model, [r.prompt_ids for r in batch], max_new_tokens=batch[0].max_new_tokens,
-                    eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
+                    eos_token_id=stop_token_ids(self.model.generation_config, self.tokenizer),
+                    pad_token_id=self.tokenizer.pad_token_id,
                     sampling=batch[0].sampling, seeds=[r.seed for r in batch],
                 )
                 for index, request, continuation in zip(indices[start:], batch, continuations):

@@ -119,8 +119,12 @@ def http_json(url: str, body: dict | None, timeout: float) -> object:
 
 
 class OpenAIEngine:
-    def __init__(self, urls: Sequence[str], tokenizer, config: CorpusConfig, *, name: str):
+    def __init__(self, urls: Sequence[str], tokenizer, config: CorpusConfig, *, name: str,
+                 stop_ids: Sequence[int] = ()):
         self.tokenizer = tokenizer
+        # the verifier's generation_config end ids: a server started with `--generation-config vllm`
+        # (or any server, for ids it does not know) stops only at the ones a request names
+        self.stop_ids = sorted({*stop_ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
         self.concurrency, self.timeout, self.retries = config.concurrency, config.request_timeout_s, config.retries
         self.urls = [url.rstrip("/") for url in urls]
         self.models = {url: self._served_model(url) for url in self.urls}
@@ -206,6 +210,8 @@ class OpenAIEngine:
             "top_k": sampling.top_k if sampling.top_k > 0 else -1,  # -1 disables top-k (vLLM and SGLang)
             "seed": request.seed, "return_token_ids": True,
         }
+        if self.stop_ids:
+            body["stop_token_ids"] = self.stop_ids
         if request.chat_text is not None:
             return "/chat/completions", {**body, "messages": [{"role": "user", "content": request.chat_text}]}
         return "/completions", {**body, "prompt": list(request.prompt_ids)}
@@ -245,7 +251,7 @@ class OpenAIEngine:
             raise InvalidResponse(f"{len(ids)} tokens for max_tokens {request.max_new_tokens}")
         finish = "length" if reason == "length" else "eos"
         eos = self.tokenizer.eos_token_id
-        if finish == "eos" and eos is not None and (not ids or ids[-1] != eos):
+        if finish == "eos" and eos is not None and (not ids or ids[-1] not in self.stop_ids):
             ids = [*ids, eos]  # the corpus keeps the stop token, as the hf engine does
         return Result(list(prompt_ids), list(ids), finish, retokenized)
 

@@ -25,14 +25,13 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
 from pipeline.config import BlockDrafterConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import load_pretrained, require_checkpoint
-from pipeline.integrity import mask_token_id as tokenizer_mask_id
 
 MASK_MODES = ("token", "learned")
 
@@ -73,6 +72,7 @@ class DFlashConfig(PretrainedConfig):
         num_target_layers: int = 4,
         dflash_config: dict | None = None,
         mask_mode: str = "token",
+        mask_rule: str | None = None,
         initializer_range: float = 0.02,
         attention_bias: bool = False,
         **kwargs,
@@ -104,6 +104,7 @@ class DFlashConfig(PretrainedConfig):
         if mask_mode == "token" and dflash_config["mask_token_id"] is None:
             raise ValueError("mask_mode 'token' needs dflash_config.mask_token_id")
         self.mask_mode = mask_mode
+        self.mask_rule = mask_rule  # why this mask id (kept in config.json, shown in launch.md)
         self.initializer_range = initializer_range
         self.attention_bias = attention_bias
         kwargs.setdefault("tie_word_embeddings", False)
@@ -419,18 +420,14 @@ def verifier_parts(verifier: nn.Module) -> tuple[nn.Module, nn.Module, int, int]
     )
 
 
-def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: int | None) -> DFlashConfig:
-    """The DFlash config for `verifier` from params: width, vocabulary and RoPE base follow the verifier."""
+def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: int | None,
+                   mask_rule: str | None = None) -> DFlashConfig:
+    """The DFlash config for `verifier` from params: width, vocabulary and RoPE base follow the verifier.
+    No `mask_token_id` means a learned mask embedding; `mask_rule` says why that id was chosen."""
     text = verifier.config.get_text_config()
     _, _, depth, hidden = verifier_parts(verifier)
-    if cfg.mask == "token" and mask_token_id is None:
-        raise DraftlineError("train.block.mask is 'token' but the verifier's tokenizer has no mask token; "
-                             "set train.block.mask to 'auto' or 'learned'")
-    mask_mode = "learned" if cfg.mask == "learned" or mask_token_id is None else "token"
-    layer_ids = cfg.target_layer_ids or build_target_layer_ids(depth, cfg.num_feature_layers)
-    if any(not 0 <= layer_id < depth for layer_id in layer_ids):
-        raise DraftlineError(f"train.block.target_layer_ids {layer_ids} out of range for a {depth}-layer verifier; "
-                             f"use ids in 0..{depth - 1} or null for the default spread")
+    mask_mode = "learned" if mask_token_id is None else "token"
+    layer_ids = target_layer_ids(cfg, depth)
     heads = cfg.num_heads or int(text.num_attention_heads)
     kv_heads = cfg.num_kv_heads or int(getattr(text, "num_key_value_heads", None) or heads)
     if heads % kv_heads:
@@ -451,20 +448,30 @@ def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: 
         vocab_size=int(text.vocab_size),
         block_size=cfg.block_size,
         num_target_layers=depth,
-        dflash_config={"mask_token_id": mask_token_id if mask_mode == "token" else None, "target_layer_ids": layer_ids,
+        dflash_config={"mask_token_id": mask_token_id, "target_layer_ids": layer_ids,
                        "causal": cfg.attention == "causal"},
         mask_mode=mask_mode,
+        mask_rule=mask_rule,
         eos_token_id=getattr(text, "eos_token_id", None),
         pad_token_id=getattr(text, "pad_token_id", None),
     )
 
 
-def build_drafter(verifier: nn.Module, cfg: BlockDrafterConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0,
-                  ) -> DFlashDraftModel:
+def target_layer_ids(cfg: BlockDrafterConfig, depth: int) -> list[int]:
+    """The verifier layers feeding the drafter: params' own, or `num_feature_layers` spread over `depth`."""
+    layer_ids = cfg.target_layer_ids or build_target_layer_ids(depth, cfg.num_feature_layers)
+    if any(not 0 <= layer_id < depth for layer_id in layer_ids):
+        raise DraftlineError(f"train.block.target_layer_ids {layer_ids} out of range for a {depth}-layer verifier; "
+                             f"use ids in 0..{depth - 1} or null for the default spread")
+    return layer_ids
+
+
+def build_drafter(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: int | None,
+                  mask_rule: str | None = None, seed: int = 0) -> DFlashDraftModel:
     """A fresh drafter whose final norm starts as the verifier's: its output feeds the verifier's frozen
     LM head, which was trained on exactly that norm's scale."""
     torch.manual_seed(seed)
-    drafter = DFlashDraftModel(drafter_config(verifier, cfg, tokenizer_mask_id(tokenizer)))
+    drafter = DFlashDraftModel(drafter_config(verifier, cfg, mask_token_id, mask_rule))
     final_norm = getattr(verifier.get_decoder(), "norm", None)
     weight = getattr(final_norm, "weight", None)
     if weight is not None and weight.shape == drafter.norm.weight.shape:

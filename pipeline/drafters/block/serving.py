@@ -60,8 +60,8 @@ def served_config(config: dict) -> dict:
     """
     if config.get("mask_mode") == "learned" or config["dflash_config"].get("mask_token_id") is None:
         raise DraftlineError("block drafter was trained with a learned mask embedding (train.block.mask: learned), "
-                             "which vLLM, SGLang and TensorRT-LLM cannot load; retrain with train.block.mask: token "
-                             "(needs a <|mask|> token id in the verifier's vocabulary) to export it for serving")
+                             "which vLLM, SGLang and TensorRT-LLM cannot load; retrain with train.block.mask: auto "
+                             "(a vocabulary id chosen by rule) to export it for serving")
     served = {key: value for key, value in config.items() if key not in DRAFTLINE_ONLY_KEYS}
     layers = int(config["num_hidden_layers"])
     served.update(model_type="qwen3", architectures=["DFlashDraftModel"], use_sliding_window=False,
@@ -122,6 +122,7 @@ def launch(served: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launc
     block = int(served["block_size"])
     k = block - 1
     mask_token_id = served["dflash_config"]["mask_token_id"]
+    mask_rule = f" ({served['mask_rule']})" if served.get("mask_rule") else ""
     layer_ids = "[" + ", ".join(str(int(i)) for i in served["dflash_config"]["target_layer_ids"]) + "]"
     speculative = {"method": "dflash", "model": str(draft), "num_speculative_tokens": k}
     markdown = f"""# Serving the block (DFlash) drafter
@@ -129,7 +130,7 @@ def launch(served: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launc
 Draft model: `{draft}` (DFlash layout: `architectures: ["DFlashDraftModel"]`, drafter layers +
 `fc` + `hidden_norm` + `norm`; embedding and LM head are the verifier's).
 Target (verifier): `{verifier}`. Block size {block}, so {k} draft tokens per step;
-mask token id {mask_token_id}; verifier layers feeding the drafter {layer_ids}.
+mask token id {mask_token_id}{mask_rule}; verifier layers feeding the drafter {layer_ids}.
 The checkpoint ships no modelling code: use a serving build with native DFlash support.
 
 {vllm_section(verifier, speculative)}
