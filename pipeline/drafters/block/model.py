@@ -29,6 +29,7 @@ from transformers import initialization as init
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
 from pipeline.config import BlockDrafterConfig
+from pipeline.drafters.rope import apply_rope, rope_cos_sin
 from pipeline.errors import DraftlineError
 from pipeline.integrity import mask_token_id as tokenizer_mask_id
 from pipeline.integrity import require_checkpoint
@@ -114,23 +115,6 @@ class DFlashConfig(PretrainedConfig):
     @property
     def mask_token_id(self) -> int | None:
         return self.dflash_config["mask_token_id"]
-
-
-# --------------------------------------------------------------------------- RoPE
-
-
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """(B, T) absolute positions -> cos, sin of shape (B, 1, T, head_dim) (HF half-split convention)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.to(torch.float32)[..., None] * inv_freq
-    angles = torch.cat([freqs, freqs], dim=-1)[:, None]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
 
 
 # --------------------------------------------------------------------------- layers
