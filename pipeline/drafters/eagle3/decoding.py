@@ -1,14 +1,90 @@
-"""The EAGLE-3 head in the decoding loop: its K/V cache over committed positions and its proposer,
-which drafts k tokens one by one, each step continuing from the head's own previous state."""
+"""The EAGLE-3 head in the decoding loop: the head with its K/V cache (PyTorch or ONNX Runtime) and its
+proposer, which drafts k tokens one by one, each step continuing from the head's own previous state."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
 import torch
 from transformers import PreTrainedModel
 
 from pipeline.config import SamplingConfig
-from pipeline.drafters.eagle3.model import Eagle3Cache, Eagle3DraftModel
+from pipeline.drafters.eagle3 import onnx
+from pipeline.drafters.eagle3.model import Eagle3Cache, Eagle3DraftModel, load_drafter
+from pipeline.drafters.onnx_io import IOSpec, read_export
 from pipeline.sampling import warp_probs
+
+
+class TorchEagle3Head:
+    """`run` appends positions to the cache and returns their pre-norm states and verifier-vocabulary logits."""
+
+    name = "torch"
+
+    def __init__(self, model: Eagle3DraftModel, verifier: PreTrainedModel):
+        self.model = model
+        self.embed_tokens = verifier.get_input_embeddings()
+        self.cache = Eagle3Cache()
+
+    def reset(self) -> None:
+        self.cache = Eagle3Cache()
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def crop(self, length: int) -> None:
+        self.cache.crop(length)
+
+    @torch.inference_mode()
+    def fuse(self, hidden_states: tuple[torch.Tensor | None, ...], count: int) -> torch.Tensor:
+        return self.model.fc(self.model.aux_hidden(tuple(None if h is None else h[:, :count] for h in hidden_states)))
+
+    @torch.inference_mode()
+    def run(self, hidden: torch.Tensor, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.tensor([token_ids], device=self.model.fc.weight.device)
+        state = self.model.step(self.cache, hidden, ids, self.cache.length, self.embed_tokens)
+        return state, self.model.full_vocab_logits(self.model.logits(state))
+
+
+class OnnxEagle3Head:
+    """The head's step on ONNX Runtime (embedding and LM head inside the graph), interchangeable with
+    `TorchEagle3Head`; the fusing `fc` (one matmul) runs in PyTorch from the served checkpoint."""
+
+    name = "onnx"
+
+    def __init__(self, session: ort.InferenceSession, spec: IOSpec, fuser: Eagle3DraftModel):
+        self.session = session
+        self.spec = spec
+        self.fuser = fuser
+        self.reset()
+
+    def reset(self) -> None:
+        self.past = onnx.empty_past(self.spec)
+
+    @property
+    def length(self) -> int:
+        return int(self.past[0].shape[2])
+
+    def crop(self, length: int) -> None:
+        self.past = [t[:, :, :length] for t in self.past]
+
+    @torch.inference_mode()
+    def fuse(self, hidden_states: tuple[torch.Tensor | None, ...], count: int) -> torch.Tensor:
+        aux = self.fuser.aux_hidden(tuple(None if h is None else h[:, :count].cpu() for h in hidden_states))
+        return self.fuser.fc(aux).float()
+
+    def run(self, hidden: torch.Tensor, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        named = onnx.feeds(self.spec, hidden.float().cpu().numpy(), np.asarray([token_ids]), self.past)
+        outputs = dict(zip(self.spec.output_names, self.session.run(self.spec.output_names, named)))
+        self.past = [outputs[name] for name in self.spec.kv_output_names]
+        return torch.from_numpy(outputs["state"]), torch.from_numpy(outputs["logits"])
+
+
+def load_onnx_head(export_dir: Path, providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> OnnxEagle3Head:
+    session, spec = read_export(export_dir, "eagle3", providers)
+    return OnnxEagle3Head(session, spec, load_drafter(Path(export_dir) / "serving"))
 
 
 class Eagle3Proposer:
@@ -25,19 +101,17 @@ class Eagle3Proposer:
 
     uses_hidden_states = True
 
-    def __init__(self, model: Eagle3DraftModel, verifier: PreTrainedModel, draft_tokens: int):
-        self.model = model
-        self.embed_tokens = verifier.get_input_embeddings()
+    def __init__(self, head: TorchEagle3Head | OnnxEagle3Head, draft_tokens: int):
+        self.head = head
         self.draft_tokens = draft_tokens
         self.reset()
 
     def reset(self) -> None:
-        self.cache = Eagle3Cache()
+        self.head.reset()
         self.pending: list[torch.Tensor] = []
         self.pending_start = 0
-        self.last_state: torch.Tensor | None = None  # (1, 1, D): the last committed position's pre-norm state
+        self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # last committed position's (state, logits)
 
-    @torch.inference_mode()
     def observe(self, hidden_states: tuple[torch.Tensor, ...], first_position: int, count: int) -> None:
         if count == 0:
             return
@@ -45,31 +119,25 @@ class Eagle3Proposer:
             self.pending_start = first_position
         assert first_position == self.pending_start + sum(p.shape[1] for p in self.pending), \
             "verifier features must stay contiguous"
-        self.pending.append(self.model.fc(self.model.aux_hidden(tuple(
-            None if h is None else h[:, :count] for h in hidden_states))))
+        self.pending.append(self.head.fuse(hidden_states, count))
 
-    @torch.inference_mode()
     def propose(self, tokens: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
-        if k == 0 or (not self.pending and self.cache.length == 0):
+        if k == 0 or (not self.pending and self.last is None):
             return [], None  # the prefill forward has no features to draft from yet
-        device = self.model.fc.weight.device
         if self.pending:
-            start = self.pending_start
-            hidden = torch.cat(self.pending, dim=1)
-            next_tokens = torch.tensor([tokens[start + 1: start + 1 + hidden.shape[1]]], device=device)
-            assert next_tokens.shape[1] == hidden.shape[1], "every committed position has its next token"
-            state = self.model.step(self.cache, hidden, next_tokens, start, self.embed_tokens)[:, -1:]
+            start, hidden = self.pending_start, torch.cat(self.pending, dim=1)
+            next_tokens = tokens[start + 1: start + 1 + hidden.shape[1]]
+            assert len(next_tokens) == hidden.shape[1], "every committed position has its next token"
+            state, logits = self.head.run(hidden, next_tokens)
+            self.last = state[:, -1:], logits[0, -1]
             self.pending = []
-            self.last_state = state
-        committed = self.cache.length
+        committed = self.head.length
         assert committed == len(tokens) - 1, "the head covers every committed position but the last token"
-        state = self.last_state
-        assert state is not None
+        state, logits = self.last
         drafts: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
-            logits = self.model.full_vocab_logits(self.model.logits(state)[0, -1])
             if sampling.greedy:
                 token = int(logits.argmax())
             else:
@@ -78,7 +146,7 @@ class Eagle3Proposer:
                 probs.append(q)
             drafts.append(token)
             if i + 1 < k:
-                state = self.model.step(self.cache, state, torch.tensor([[token]], device=device),
-                                        committed + i, self.embed_tokens)
-        self.cache.crop(committed)
+                state, step_logits = self.head.run(state, [token])
+                logits = step_logits[0, -1]
+        self.head.crop(committed)
         return drafts, torch.stack(probs) if probs else None

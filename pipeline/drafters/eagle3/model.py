@@ -132,14 +132,14 @@ class Eagle3Attention(nn.Module):
         return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
 
     def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, T, 2D) at absolute positions (B, T) -> roped queries (B, H, T, d), keys and values
-        (B, H, T, d) with the kv heads already repeated to the query heads."""
+        """(B, T, 2D) at absolute positions (B, T) -> roped queries (B, H, T, d), keys and values (B, H_kv, T, d)."""
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
         queries = apply_rope(self._heads(self.q_proj(x), self.num_heads), cos, sin)
         keys = apply_rope(self._heads(self.k_proj(x), self.num_kv_heads), cos, sin)
-        values = self._heads(self.v_proj(x), self.num_kv_heads)
-        repeat = self.num_heads // self.num_kv_heads
-        return queries, keys.repeat_interleave(repeat, dim=1), values.repeat_interleave(repeat, dim=1)
+        return queries, keys, self._heads(self.v_proj(x), self.num_kv_heads)
+
+    def repeat_kv(self, x: Tensor) -> Tensor:
+        return x.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
 
     def output(self, attended: Tensor) -> Tensor:
         """(B, H, T, d) -> (B, T, D)."""
@@ -230,13 +230,13 @@ class Eagle3DraftModel(PreTrainedModel):
         return self.lm_head(self.norm(prenorm))
 
     def full_vocab_logits(self, draft_logits: Tensor) -> Tensor:
-        """Draft-vocabulary logits -> verifier-vocabulary logits (−inf off the draft vocabulary)."""
-        ids = self.draft_ids
-        if ids is None:
+        """Draft-vocabulary logits -> verifier-vocabulary logits (−inf off the draft vocabulary); a
+        gather, not a scatter, so the ONNX graph stays plain."""
+        if not self.config.reduced_vocab:
             return draft_logits
-        full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        full[..., ids] = draft_logits
-        return full
+        rank = (self.t2d.long().cumsum(0) - 1).clamp(min=0)  # draft id of every verifier id in the draft vocabulary
+        gathered = draft_logits.index_select(-1, rank)
+        return gathered.masked_fill(~self.t2d, float("-inf"))
 
     # ----------------------------------------------------------------- training
 
@@ -266,6 +266,7 @@ class Eagle3DraftModel(PreTrainedModel):
             tokens = shift_left(input_ids, step + 1)
             x, residual = layer.attention_input(embed_tokens(tokens).to(hidden.dtype), hidden)
             queries, keys, values = attn.project(x, positions + step)
+            keys, values = attn.repeat_kv(keys), attn.repeat_kv(values)
             if context is None:
                 context = (keys, values)
             else:
@@ -283,24 +284,36 @@ class Eagle3DraftModel(PreTrainedModel):
 
     # ----------------------------------------------------------------- decoding
 
+    def decode_step(self, hidden: Tensor, token_embeds: Tensor, past_keys: Tensor, past_values: Tensor,
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Positions P..P+n−1 right after the P cached ones: hidden (B, n, D) (fused features or the
+        previous step's state), the embedded token after each position (B, n, D), cached keys/values
+        (B, H_kv, P, d). Returns pre-norm states (B, n, D) and the keys/values of all P+n positions.
+        Shapes alone fix the positions and the causal mask, so the ONNX graph is this same code."""
+        layer, attn = self.midlayer, self.midlayer.self_attn
+        cached, count = past_keys.shape[2], hidden.shape[1]
+        query_positions = torch.arange(count, device=hidden.device) + cached
+        x, residual = layer.attention_input(token_embeds.to(hidden.dtype), hidden)
+        queries, keys, values = attn.project(x, query_positions.expand(hidden.shape[0], count))
+        keys, values = torch.cat([past_keys, keys], dim=2), torch.cat([past_values, values], dim=2)
+        visible = torch.arange(cached + count, device=hidden.device)[None] <= query_positions[:, None]
+        attended = F.scaled_dot_product_attention(queries, attn.repeat_kv(keys), attn.repeat_kv(values),
+                                                  attn_mask=visible)
+        return layer.finish(attn.output(attended), residual), keys, values
+
     @torch.no_grad()
     def step(self, cache: Eagle3Cache, hidden: Tensor, token_ids: Tensor, start: int,
              embed_tokens: nn.Module) -> Tensor:
-        """Run positions start..start+n−1 (hidden (1, n, D): fused features or the previous step's
-        state; token_ids (1, n): the token after each position), appending their keys/values to
-        `cache` (which must hold exactly positions < start). Returns their pre-norm states (1, n, D)."""
-        layer, attn = self.midlayer, self.midlayer.self_attn
+        """`decode_step` at positions start..start+n−1 (`cache` must hold exactly the positions before),
+        appending their keys/values to `cache`. Returns their pre-norm states (1, n, D)."""
         if cache.length != start:
             raise ValueError(f"cache holds {cache.length} positions, the step starts at {start}")
-        count = token_ids.shape[1]
-        positions = torch.arange(start, start + count, device=token_ids.device)[None]
-        x, residual = layer.attention_input(embed_tokens(token_ids).to(hidden.dtype), hidden)
-        queries, keys, values = attn.project(x, positions)
-        cache.keys = keys if cache.keys is None else torch.cat([cache.keys, keys], dim=2)
-        cache.values = values if cache.values is None else torch.cat([cache.values, values], dim=2)
-        visible = torch.arange(cache.length, device=token_ids.device)[None] <= positions[0, :, None]
-        attended = F.scaled_dot_product_attention(queries, cache.keys, cache.values, attn_mask=visible)
-        return layer.finish(attn.output(attended), residual)
+        if cache.keys is None:
+            attn = self.midlayer.self_attn
+            cache.keys = hidden.new_zeros((hidden.shape[0], attn.num_kv_heads, 0, attn.head_dim))
+            cache.values = cache.keys
+        state, cache.keys, cache.values = self.decode_step(hidden, embed_tokens(token_ids), cache.keys, cache.values)
+        return state
 
 
 def shift_left(input_ids: Tensor, by: int) -> Tensor:
