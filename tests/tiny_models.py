@@ -50,3 +50,21 @@ def save_tiny_verifier(directory: Path, *, seed: int = 0, num_layers: int = 4):
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return model, tokenizer
+
+
+def save_tiny_eagle3(verifier, tokenizer, directory: Path, *, draft_tokens: int = 3, draft_vocab_size: int | None = None,
+                     aux_layer_ids: list[int] | None = None, seed: int = 3):
+    """An untrained EAGLE-3 head for `verifier` saved as train_eagle3 saves it (+ training.json)."""
+    import json
+
+    from pipeline.config import Eagle3DrafterConfig
+    from pipeline.drafters.eagle3.model import build_drafter
+
+    cfg = Eagle3DrafterConfig(draft_vocab_size=draft_vocab_size, aux_layer_ids=aux_layer_ids)
+    vocab = verifier.config.vocab_size
+    head = build_drafter(verifier, cfg, [list(range(0, vocab, 3))], seed=seed)
+    head.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (directory / "training.json").write_text(json.dumps({"kind": "eagle3", "draft_tokens": draft_tokens,
+                                                         "lineage": {"verifier_id": "tiny"}}))
+    return head

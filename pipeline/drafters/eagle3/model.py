@@ -374,13 +374,15 @@ def build_drafter(verifier: nn.Module, cfg: Eagle3DrafterConfig, token_sequences
 
 
 def load_drafter(path: Path, dtype: torch.dtype = torch.float32) -> Eagle3DraftModel:
-    """A trained EAGLE-3 head, frozen, for decoding and export."""
+    """A trained EAGLE-3 head, or its served copy (config rewritten for vLLM), frozen, for decoding and export."""
     require_checkpoint(path, "eagle3")
-    model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
-    if model_type != Eagle3Config.model_type:
-        raise DraftlineError(f"{path}/config.json is not a draftline EAGLE-3 head (model_type={model_type!r}); "
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    served = config.get("model_type") == "llama" and "LlamaForCausalLMEagle3" in (config.get("architectures") or [])
+    if config.get("model_type") != Eagle3Config.model_type and not served:
+        raise DraftlineError(f"{path}/config.json is not an EAGLE-3 head (model_type={config.get('model_type')!r}); "
                              "re-run `dvc repro train_eagle3`")
-    return Eagle3DraftModel.from_pretrained(path, dtype=dtype).eval().requires_grad_(False)
+    fields = {key: value for key, value in config.items() if key not in ("model_type", "architectures", "eagle_config")}
+    return Eagle3DraftModel.from_pretrained(path, config=Eagle3Config(**fields), dtype=dtype).eval().requires_grad_(False)
 
 
 AutoConfig.register(Eagle3Config.model_type, Eagle3Config, exist_ok=True)
