@@ -20,7 +20,7 @@ from pipeline.promote import serve_check_refusals
 from pipeline.serve_env import serve_python
 from serve_eval import serve_check
 from serve_eval.decoding import Generation, Step
-from tests.tiny_models import tiny_qwen3, tiny_tokenizer
+from tests.tiny_models import save_tiny_eagle3, tiny_qwen3, tiny_tokenizer
 
 K = 3  # AR draft tokens; the block drafter's block is K + 1
 
@@ -105,13 +105,19 @@ def test_promote_refuses_what_serve_check_did_not_pass(tmp_path):
 # --------------------------------------------------------------------------- the stage
 
 
+TEXTS = {"code": ["def add(a, b):\n    return a + b\n", "import os\nimport sys\nfor i in range(10):\n"],
+         "text": ["The quick brown fox jumps over the lazy dog.", "Speculative decoding drafts tokens with"]}
+
+
+def prompt_ids(tokenizer) -> list[list[int]]:
+    return [tokenizer(text)["input_ids"][:12] for domain_texts in TEXTS.values() for text in domain_texts]
+
+
 def write_corpus(tokenizer, directory: Path) -> None:
-    texts = {"code": ["def add(a, b):\n    return a + b\n", "import os\nimport sys\nfor i in range(10):\n"],
-             "text": ["The quick brown fox jumps over the lazy dog.", "Speculative decoding drafts tokens with"]}
     rows = [{"id": f"{domain}{index}", "domain": domain, "source": "test", "prompt": text,
              "prompt_ids": tokenizer(text)["input_ids"][:12], "response_ids": [], "finish_reason": "length",
              "temperature": 0.0, "seed": 0}
-            for domain, domain_texts in texts.items() for index, text in enumerate(domain_texts)]
+            for domain, domain_texts in TEXTS.items() for index, text in enumerate(domain_texts)]
     split = Dataset.from_list(rows)
     DatasetDict({"train": split, "validation": split, "test": split}).save_to_disk(str(directory))
 
@@ -174,6 +180,9 @@ def served(tmp_path_factory):
                                                              "target_layer_ids": [0, 2]})
     DFlashDraftModel(block).save_pretrained(paths.drafter("block"))
     tokenizer.save_pretrained(paths.drafter("block"))
+    # EAGLE-3 head fitted to these prompts, over a reduced draft vocabulary (vLLM then loads d2t)
+    save_tiny_eagle3(verifier, tokenizer, paths.drafter("eagle3"), draft_tokens=K, draft_vocab_size=200,
+                     fit_prompts=prompt_ids(tokenizer), fit_steps=40)
     for name, kind in KINDS.items():
         export_serving(kind, paths.drafter(name), paths.export(name), paths.export(name),
                        str(paths.verifier.resolve()), tokenizer)
@@ -189,7 +198,7 @@ needs_vllm = pytest.mark.skipif(serve_python() is None,
 @needs_vllm
 def test_exported_drafters_load_in_vllm_with_identical_output(served):
     paths, report = served
-    for kind, method in (("ar", "draft_model"), ("block", "dflash")):
+    for kind, method in (("ar", "draft_model"), ("block", "dflash"), ("eagle3", "eagle3")):
         entry = report["drafters"][kind]
         assert entry["status"] == "passed", entry["reason"]
         assert entry["speculative_config"]["method"] == method
@@ -206,10 +215,11 @@ def test_exported_drafters_load_in_vllm_with_identical_output(served):
 @needs_vllm
 def test_vllm_tau_matches_draftline_tau(served):
     paths, report = served
-    for kind in ("ar", "block"):
+    for kind in ("ar", "block", "eagle3"):
         for record in report["drafters"][kind]["domains"].values():
             assert 1.0 <= record["vllm"]["tau"] <= K + 1 and record["tau_gap"] <= 0.15
             assert record["draftline_same_outputs"] == 2  # vLLM's greedy output equals draftline's here
     assert any(1.0 < r["vllm"]["tau"] < K + 1 for r in report["drafters"]["ar"]["domains"].values())
+    assert all(r["vllm"]["tau"] > 1.5 for r in report["drafters"]["eagle3"]["domains"].values())  # the fitted head
     rows = (paths.plots / "serving_tau.csv").read_text().splitlines()
-    assert rows[0] == "drafter,domain,draftline_tau,vllm_tau" and len(rows) == 5
+    assert rows[0] == "drafter,domain,draftline_tau,vllm_tau" and len(rows) == 7
