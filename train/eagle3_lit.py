@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.config import Eagle3DrafterConfig, TrainerConfig
-from pipeline.drafters.eagle3.decoding import Eagle3Proposer
+from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
 from pipeline.drafters.eagle3.model import Eagle3DraftModel, shift_left
 from train.agreement import DraftAgreement
 from train.block_data import BlockBatches
@@ -107,7 +107,8 @@ def decode_acceptance(drafter: Eagle3DraftModel, verifier: nn.Module, prompts: S
                       draft_tokens: int, max_new_tokens: int = 32) -> dict:
     was_training = drafter.training
     drafter.eval()
-    result = decoded_acceptance(Eagle3Proposer(drafter, verifier, draft_tokens), verifier, prompts, max_new_tokens,
+    proposer = Eagle3Proposer(TorchEagle3Head(drafter, verifier), draft_tokens)
+    result = decoded_acceptance(proposer, verifier, prompts, max_new_tokens,
                                 eos_token_id=verifier.config.eos_token_id)
     drafter.train(was_training)
     return result
