@@ -8,7 +8,7 @@ from datasets import Dataset, DatasetDict
 from data_prep.verifier import write_record
 from serve_eval.evaluate import main
 from tests.test_spec_loops import block_model
-from tests.tiny_models import save_tiny_verifier, tiny_qwen3
+from tests.tiny_models import save_tiny_eagle3, save_tiny_verifier, tiny_qwen3
 
 DOMAIN_KEYS = {"acceptance_rate", "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "draft_time_s",
                "verify_time_s", "per_position_acceptance", "prompts"}
@@ -42,6 +42,7 @@ def project(tmp_path_factory):
     block = block_model(verifier, 4)
     block.save_pretrained(artifacts / "drafters" / "block")
     tokenizer.save_pretrained(artifacts / "drafters" / "block")
+    save_tiny_eagle3(verifier, tokenizer, artifacts / "drafters" / "eagle3", draft_tokens=3, draft_vocab_size=200)
     return root
 
 
@@ -56,7 +57,7 @@ def test_evaluate_writes_contract_metrics_and_plots(project, monkeypatch):
     assert main(["--params", write_params(project)]) == 0
     report = json.loads((project / "metrics" / "eval.json").read_text())
     assert set(report["verifier"]) == {"id", "hash"} and report["corpus_hash"]
-    assert set(report["drafters"]) == {"ar", "block"}
+    assert set(report["drafters"]) == {"ar", "block", "eagle3"}
     for entry in report["drafters"].values():
         assert entry["backend"] == "torch"
         assert entry["mismatches"] == 0 and entry["lossless"] is True
