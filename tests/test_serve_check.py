@@ -12,7 +12,7 @@ import torch
 import yaml
 from datasets import Dataset, DatasetDict
 
-from pipeline.config import parse_params
+from pipeline.config import DRAFTER_NAMES, parse_params
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_dir
 from pipeline.paths import ArtifactPaths
@@ -136,7 +136,7 @@ def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
     tokenizer = tiny_tokenizer()
     paths = ArtifactPaths.from_params(parse_params(yaml.safe_load(write_params(tmp_path).read_text())))
     write_corpus(tokenizer, paths.corpus)
-    for kind in ("ar", "block"):
+    for kind in DRAFTER_NAMES:
         paths.export(kind).mkdir(parents=True)
         (paths.export(kind) / "vllm.json").write_text(json.dumps({"model": "/v", "speculative_config": {}}))
     monkeypatch.setenv("DRAFTLINE_SERVE_PYTHON", str(tmp_path / "missing" / "python"))
