@@ -130,9 +130,13 @@ def check_drafter_matches_verifier(directory: Path, verifier_config, what: str, 
         raise DraftlineError(f"{what}: {directory / 'config.json'} is unreadable ({error}); {fix}") from None
     if config.get("vocab_size") != vocab:
         raise DraftlineError(f"{what}: vocab_size {config.get('vocab_size')} differs from the verifier's {vocab}; {fix}")
+    # a head over a reduced draft vocabulary (EAGLE-3 `draft_vocab_size`) maps its rows back with d2t
+    head_rows = config.get("draft_vocab_size") or vocab
     for name, shape in sorted(safetensors_shapes(directory, fix).items()):
-        if name.endswith(("embed_tokens.weight", "lm_head.weight")) and shape[0] != vocab:
-            raise DraftlineError(f"{what}: {name} has {shape[0]} rows, the verifier's vocabulary has {vocab}; {fix}")
+        rows = head_rows if name.endswith("lm_head.weight") else vocab
+        if name.endswith(("embed_tokens.weight", "lm_head.weight")) and shape[0] != rows:
+            raise DraftlineError(f"{what}: {name} has {shape[0]} rows, expected {rows} (the verifier's vocabulary "
+                                 f"has {vocab}); {fix}")
 
 
 def mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int | None:

@@ -10,7 +10,7 @@ from data_prep.verifier import write_record
 from pipeline.lineage import model_identity
 from serve_eval.evaluate import main
 from tests.test_spec_loops import block_model
-from tests.tiny_models import save_tiny_verifier, tiny_qwen3
+from tests.tiny_models import save_tiny_eagle3, save_tiny_verifier, tiny_qwen3
 
 DOMAIN_KEYS = {"acceptance_rate", "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "draft_time_s",
                "verify_time_s", "per_position_acceptance", "prompts"}
@@ -44,6 +44,7 @@ def project(tmp_path_factory):
     block = block_model(verifier, 4)
     block.save_pretrained(artifacts / "drafters" / "block")
     tokenizer.save_pretrained(artifacts / "drafters" / "block")
+    save_tiny_eagle3(verifier, tokenizer, artifacts / "drafters" / "eagle3", draft_tokens=3, draft_vocab_size=200)
     return root
 
 
@@ -59,7 +60,7 @@ def test_evaluate_writes_contract_metrics_and_plots(project, monkeypatch):
     report = json.loads((project / "metrics" / "eval.json").read_text())
     assert set(report["verifier"]) == {"id", "hash"} and report["corpus_hash"]
     assert report["library_versions"]["torch"] == torch.__version__
-    assert set(report["drafters"]) == {"ar", "block"}
+    assert set(report["drafters"]) == {"ar", "block", "eagle3"}
     for kind, entry in report["drafters"].items():
         assert entry["backend"] == "torch"
         # bound to what it measured: promotion recomputes this hash and refuses on a difference

@@ -15,7 +15,7 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.lineage import hash_dir, hash_file
-from tests.tiny_models import tiny_qwen3
+from tests.tiny_models import save_tiny_eagle3, tiny_qwen3
 
 BLOCK_SIZE = 4
 
@@ -67,6 +67,7 @@ def write_artifacts(root: Path, tiny_verifier_dir: Path) -> None:
     _corpus(tokenizer, root / "corpus")
     _ar_drafter(verifier, tokenizer, root / "drafters" / "ar")
     _block_drafter(tokenizer, root / "drafters" / "block")
+    save_tiny_eagle3(verifier, tokenizer, root / "drafters" / "eagle3", draft_vocab_size=200)
 
 
 def write_params(directory: Path, root: Path, **export) -> Path:
@@ -90,7 +91,7 @@ def exported(tmp_path_factory, tiny_verifier_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["ar", "block"])
+@pytest.mark.parametrize("kind", ["ar", "block", "eagle3"])
 def test_parity_one_step_and_twenty_cached_steps(exported, kind):
     report = json.loads((exported / "export" / kind / "parity.json").read_text())
     assert report["passed"] and report["atol"] == 1e-4
@@ -106,7 +107,7 @@ def test_parity_one_step_and_twenty_cached_steps(exported, kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["ar", "block"])
+@pytest.mark.parametrize("kind", ["ar", "block", "eagle3"])
 def test_manifest_hashes_and_io(exported, kind, tiny_verifier_dir):
     out = exported / "export" / kind
     manifest = json.loads((out / "manifest.json").read_text())
@@ -118,7 +119,8 @@ def test_manifest_hashes_and_io(exported, kind, tiny_verifier_dir):
     assert manifest["verifier"] == {"id": "tiny", "hash": hash_dir(tiny_verifier_dir)}
     assert manifest["onnx"]["opset"] == 18
     input_names = [t["name"] for t in manifest["onnx"]["inputs"]]
-    assert input_names[:2] == (["input_ids", "position_ids"] if kind == "ar" else ["anchor_ids", "anchor_positions"])
+    assert input_names[:2] == {"ar": ["input_ids", "position_ids"], "block": ["anchor_ids", "anchor_positions"],
+                               "eagle3": ["hidden", "input_ids"]}[kind]
     assert manifest["skipped"]["tensorrt"]  # no CUDA / no package here: recorded with its reason
     assert manifest["lineage"]["verifier_id"] == "tiny" and manifest["lineage"]["drafter_hash"]
     assert manifest["lineage"]["export_library_versions"]["torch"] == torch.__version__
@@ -206,3 +208,20 @@ def test_parity_report_fails_past_tolerance_and_names_the_output():
     assert report.passed
     report.add("bad", ["logits", "present_key.0"], [reference, reference], [reference, reference[:2]])
     assert not report.passed and report.failures() == ["present_key.0 (max abs inf, max rel inf)"]
+
+
+@pytest.mark.slow
+def test_onnx_eagle3_backend_matches_torch(exported):
+    """Same drafts and acceptances at T=0 from the ONNX Runtime head as from PyTorch (reduced vocabulary)."""
+    from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head, load_onnx_head
+    from pipeline.drafters.eagle3.model import load_drafter
+    from serve_eval.decoding import decode
+
+    verifier = AutoModelForCausalLM.from_pretrained(exported / "verifier").eval()
+    torch_head = TorchEagle3Head(load_drafter(exported / "drafters" / "eagle3"), verifier)
+    onnx_head = load_onnx_head(exported / "export" / "eagle3")
+    for prompt in ([5, 17, 30, 41, 8], [100, 7, 64]):
+        torch_run = decode(verifier, prompt, 24, proposer=Eagle3Proposer(torch_head, 3))
+        onnx_run = decode(verifier, prompt, 24, proposer=Eagle3Proposer(onnx_head, 3))
+        assert onnx_run.new_ids == torch_run.new_ids
+        assert [s.accepted for s in onnx_run.steps] == [s.accepted for s in torch_run.steps]

@@ -12,7 +12,7 @@ import torch
 import yaml
 from datasets import Dataset, DatasetDict
 
-from pipeline.config import ServeCheckConfig, parse_params
+from pipeline.config import DRAFTER_NAMES, ServeCheckConfig, parse_params
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_dir
 from pipeline.paths import ArtifactPaths
@@ -20,7 +20,7 @@ from pipeline.promote import read_serving, serve_check_refusals, served_tau, ser
 from pipeline.serve_env import serve_python
 from serve_eval import serve_check
 from serve_eval.decoding import Generation, Step
-from tests.tiny_models import tiny_qwen3, tiny_tokenizer
+from tests.tiny_models import save_tiny_eagle3, tiny_qwen3, tiny_tokenizer
 
 K = 3  # AR draft tokens; the block drafter's block is K + 1
 
@@ -217,13 +217,19 @@ def test_promote_records_the_served_tau_next_to_draftlines(tmp_path):
 # --------------------------------------------------------------------------- the stage
 
 
+TEXTS = {"code": ["def add(a, b):\n    return a + b\n", "import os\nimport sys\nfor i in range(10):\n"],
+         "text": ["The quick brown fox jumps over the lazy dog.", "Speculative decoding drafts tokens with"]}
+
+
+def prompt_ids(tokenizer) -> list[list[int]]:
+    return [tokenizer(text)["input_ids"][:12] for domain_texts in TEXTS.values() for text in domain_texts]
+
+
 def write_corpus(tokenizer, directory: Path) -> None:
-    texts = {"code": ["def add(a, b):\n    return a + b\n", "import os\nimport sys\nfor i in range(10):\n"],
-             "text": ["The quick brown fox jumps over the lazy dog.", "Speculative decoding drafts tokens with"]}
     rows = [{"id": f"{domain}{index}", "domain": domain, "source": "test", "prompt": text,
              "prompt_ids": tokenizer(text)["input_ids"][:12], "response_ids": [], "finish_reason": "length",
              "temperature": 0.0, "seed": 0}
-            for domain, domain_texts in texts.items() for index, text in enumerate(domain_texts)]
+            for domain, domain_texts in TEXTS.items() for index, text in enumerate(domain_texts)]
     split = Dataset.from_list(rows)
     DatasetDict({"train": split, "validation": split, "test": split}).save_to_disk(str(directory))
 
@@ -245,7 +251,7 @@ def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
     paths.verifier.mkdir(parents=True)
     (paths.verifier / "verifier.json").write_text(json.dumps({"source": "hf", "name_or_path": "/v", "hash": "h1",
                                                               "id": "v"}))
-    for kind in ("ar", "block"):
+    for kind in DRAFTER_NAMES:
         paths.export(kind).mkdir(parents=True)
         (paths.export(kind) / "vllm.json").write_text(json.dumps({"model": "/v", "speculative_config": {}}))
         (paths.export(kind) / "manifest.json").write_text(json.dumps({"files": {}}))
@@ -293,6 +299,9 @@ def served(tmp_path_factory):
                                                              "target_layer_ids": [0, 2]})
     DFlashDraftModel(block).save_pretrained(paths.drafter("block"))
     tokenizer.save_pretrained(paths.drafter("block"))
+    # EAGLE-3 head fitted to these prompts, over a reduced draft vocabulary (vLLM then loads d2t)
+    save_tiny_eagle3(verifier, tokenizer, paths.drafter("eagle3"), draft_tokens=K, draft_vocab_size=200,
+                     fit_prompts=prompt_ids(tokenizer), fit_steps=40)
     for name, kind in KINDS.items():
         export_serving(kind, paths.drafter(name), paths.export(name), paths.export(name),
                        str(paths.verifier.resolve()), tokenizer)
@@ -308,7 +317,7 @@ needs_vllm = pytest.mark.skipif(serve_python() is None,
 @needs_vllm
 def test_exported_drafters_load_in_vllm_with_identical_output(served):
     paths, report = served
-    for kind, method in (("ar", "draft_model"), ("block", "dflash")):
+    for kind, method in (("ar", "draft_model"), ("block", "dflash"), ("eagle3", "eagle3")):
         entry = report["drafters"][kind]
         # vLLM's sampled speculation accepts far less than draftline's on these near-uniform tiny models
         # (README, "Serving"): the T=0.8 gap is recorded and may fail the drafter; nothing greedy may
@@ -330,7 +339,7 @@ def test_exported_drafters_load_in_vllm_with_identical_output(served):
 @needs_vllm
 def test_vllm_tau_matches_draftline_tau(served):
     paths, report = served
-    for kind in ("ar", "block"):
+    for kind in ("ar", "block", "eagle3"):
         for record in report["drafters"][kind]["domains"].values():
             for name in ("single", "batched"):
                 assert 1.0 <= record[name]["vllm"]["tau"] <= K + 1
@@ -340,8 +349,9 @@ def test_vllm_tau_matches_draftline_tau(served):
             assert sampled["vllm"]["num_drafts"] > 0 and sampled["draftline"]["drafting_steps"] > 1
             assert sampled["tolerance"] > 0 and sampled["tau_diff"] >= 0
     assert any(1.0 < r["single"]["vllm"]["tau"] < K + 1 for r in report["drafters"]["ar"]["domains"].values())
+    assert all(r["single"]["vllm"]["tau"] > 1.5 for r in report["drafters"]["eagle3"]["domains"].values())  # fitted head
     rows = (paths.plots / "serving_tau.csv").read_text().splitlines()
-    assert rows[0] == "drafter,domain,run,draftline_tau,vllm_tau" and len(rows) == 1 + 2 * 2 * 3
+    assert rows[0] == "drafter,domain,run,draftline_tau,vllm_tau" and len(rows) == 1 + 3 * 2 * 3
 
 
 @pytest.mark.slow
@@ -350,6 +360,6 @@ def test_batched_acceptance_stays_within_tolerance_of_single_request_acceptance(
     """Every served drafter accepts as much with requests sharing vLLM's batches as one request at a time
     (prompts of different lengths: the batch holds requests at different positions)."""
     _, report = served
-    for kind in ("ar", "block"):
+    for kind in ("ar", "block", "eagle3"):
         for domain, record in report["drafters"][kind]["domains"].items():
             assert record["batch_tau_gap"] <= report["max_batch_tau_gap"], (kind, domain, record["batch_tau_gap"])

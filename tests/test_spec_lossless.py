@@ -7,9 +7,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from pipeline.config import SamplingConfig
+from pipeline.config import Eagle3DrafterConfig, SamplingConfig
 from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
+from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
+from pipeline.drafters.eagle3.model import build_drafter as build_eagle3
 from pipeline.sampling import warp_probs
 from serve_eval.decoding import decode
 from tests.test_spec_loops import block_model
@@ -83,6 +85,20 @@ def test_block_loop_with_sampled_drafts_samples_the_verifier_joint(verifier):
     proposer = BlockProposer(BlockDrafter(block_model(verifier, 3, seed=5), verifier))
     # the first token comes from the prefill forward; tokens 2-3 are drafted as one block
     counts = sampled_joint(verifier, proposer, 1, 400, seed=1)
+    assert_matches(counts, exact_joint(verifier, 1))
+
+
+@pytest.mark.slow
+def test_eagle3_loop_with_a_reduced_draft_vocabulary_samples_the_verifier_joint(verifier):
+    """Two drafts per step, the second from the head's own state; the draft vocabulary leaves out
+    two of the five tokens, so q is zero where p is not and only the residual can produce them."""
+    cfg = Eagle3DrafterConfig(aux_layer_ids=[1], draft_vocab_size=3, draft_tokens=2)
+    head = build_eagle3(verifier, cfg, [[0, 1, 2, 0, 1]], seed=7)
+    with torch.no_grad():
+        head.lm_head.weight.normal_(0.0, 2.0)  # far from the verifier's own rows
+    proposer = Eagle3Proposer(TorchEagle3Head(head, verifier), draft_tokens=2)
+    # the first token comes from the prefill forward; tokens 2-3 are the two drafts of one step
+    counts = sampled_joint(verifier, proposer, 1, 400, seed=3)
     assert_matches(counts, exact_joint(verifier, 1))
 
 

@@ -95,3 +95,51 @@ def tiny_llama(tokenizer: PreTrainedTokenizerFast, *, hidden_size: int = 32, num
         eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|eot|>")],
     )
     return model
+
+
+def save_tiny_eagle3(verifier, tokenizer, directory: Path, *, draft_tokens: int = 3, draft_vocab_size: int | None = None,
+                     aux_layer_ids: list[int] | None = None, seed: int = 3, fit_prompts: list[list[int]] = (),
+                     fit_steps: int = 60):
+    """An EAGLE-3 head for `verifier` saved as train_eagle3 saves it (+ training.json); with `fit_prompts`,
+    first fitted to the verifier's greedy continuations of them, so that its drafts are accepted often
+    on those prompts and acceptance checks are not vacuous."""
+    import json
+
+    from pipeline.config import Eagle3DrafterConfig
+    from pipeline.drafters.eagle3.model import build_drafter
+
+    cfg = Eagle3DrafterConfig(draft_vocab_size=draft_vocab_size, aux_layer_ids=aux_layer_ids,
+                              loss={"ce": 1.0, "fkl": 0.0})
+    vocab = verifier.config.vocab_size
+    head = build_drafter(verifier, cfg, [list(range(0, vocab, 3))], seed=seed)
+    if fit_prompts:
+        fit_eagle3(head, verifier, cfg, fit_prompts, fit_steps)
+    head.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (directory / "training.json").write_text(json.dumps({"kind": "eagle3", "draft_tokens": draft_tokens,
+                                                         "lineage": {"verifier_id": "tiny"}}))
+    return head
+
+
+def fit_eagle3(head, verifier, cfg, prompts: list[list[int]], steps: int, new_tokens: int = 48) -> None:
+    """Adam on the real training loss over the verifier's greedy continuations of `prompts`."""
+    from train.block_data import collate_rows
+    from train.eagle3_lit import ttt_signals, verifier_targets
+    from train.frozen import FrozenVerifier
+
+    rows = []
+    with torch.no_grad():
+        for prompt in prompts:
+            out = verifier.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                    max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+            rows.append((out[0].tolist(), len(prompt)))
+    batch = collate_rows(rows, pad_id=0)
+    targets = verifier_targets(FrozenVerifier(verifier), batch, head, cfg)
+    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    head.train()
+    for _ in range(steps):
+        loss, _, _, _ = ttt_signals(head, targets, batch, cfg, verifier.get_input_embeddings(), prompt_positions=True)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    head.eval()

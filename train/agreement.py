@@ -1,5 +1,5 @@
-"""The acceptance proxy both drafters report during validation: per-position top-1 agreement with the
-verifier, counted the way speculative decoding accepts drafts (position i only if all before it)."""
+"""The acceptance numbers every drafter reports during validation: per-position top-1 agreement with
+the verifier, counted the way speculative decoding accepts drafts (position i only if all before it)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Sequence
 
 import torch
 from lightning.pytorch import LightningModule
+from torch import Tensor
 
 
 class AcceptanceTally:
@@ -60,3 +61,35 @@ def simulated_acceptance_length(rates: Sequence[float]) -> float:
         survive *= rate
         total += survive
     return total
+
+
+class DraftAgreement:
+    """Accumulates per-position matches of validation drafts (B, N, K) into the acceptance proxy."""
+
+    def __init__(self, positions: int):
+        self.tally = AcceptanceTally(positions)
+        self.matched = torch.zeros(positions, dtype=torch.float64)
+        self.counted = torch.zeros(positions, dtype=torch.float64)
+
+    def add(self, match: Tensor, label_valid: Tensor) -> None:
+        match, valid = match.flatten(0, 1), label_valid.flatten(0, 1)
+        accepted = match.long().cumprod(dim=1).bool()
+        reached = torch.cat([torch.ones_like(accepted[:, :1]), accepted[:, :-1]], dim=1) & valid
+        self.tally.add(accepted.sum(0), reached.sum(0))
+        self.matched += match.sum(0).to("cpu", torch.float64)
+        self.counted += valid.sum(0).to("cpu", torch.float64)
+
+    def reduce(self, module: LightningModule) -> None:
+        self.tally.reduce(module)
+        if module.trainer is not None and module.trainer.world_size > 1:
+            self.matched = module.all_gather(self.matched.to(module.device)).reshape(-1, self.matched.numel()).sum(0).cpu()
+            self.counted = module.all_gather(self.counted.to(module.device)).reshape(-1, self.counted.numel()).sum(0).cpu()
+
+    def summary(self) -> dict:
+        rates = self.tally.rates()
+        per_position = [float(m / c) if c > 0 else 0.0 for m, c in zip(self.matched, self.counted)]
+        return {
+            "top1_agreement": rates,
+            "position_top1_agreement": per_position,
+            "simulated_acceptance_length": simulated_acceptance_length(rates),
+        }

@@ -22,18 +22,18 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from pipeline.config import BlockDrafterConfig, TrainerConfig
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.model import DFlashDraftModel, verifier_parts
-from serve_eval.decoding import decode
-from train.agreement import AcceptanceTally, simulated_acceptance_length
+from train.agreement import DraftAgreement
 from train.block_data import BlockBatches, block_targets, sample_anchors
+from train.decoded import decode_prompts, decoded_acceptance
 from train.frozen import FrozenVerifier
 from train.losses import block_loss, position_weights
 from train.trainer import DrafterModule
+from train.verifier_cache import VerifierOutputCache
 
 
 def anchor_generator(*key: int) -> torch.Generator:
@@ -118,81 +118,18 @@ def at_block_positions(per_position: Tensor, anchors: Tensor, block_size: int) -
     return torch.gather(per_position, 1, index).view(*positions.shape, *per_position.shape[2:])
 
 
-class BlockAgreement:
-    """Accumulates per-position matches of validation blocks into the acceptance proxy."""
-
-    def __init__(self, positions: int):
-        self.tally = AcceptanceTally(positions)
-        self.matched = torch.zeros(positions, dtype=torch.float64)
-        self.counted = torch.zeros(positions, dtype=torch.float64)
-
-    def add(self, match: Tensor, label_valid: Tensor) -> None:
-        match, valid = match.flatten(0, 1), label_valid.flatten(0, 1)
-        accepted = match.long().cumprod(dim=1).bool()
-        reached = torch.cat([torch.ones_like(accepted[:, :1]), accepted[:, :-1]], dim=1) & valid
-        self.tally.add(accepted.sum(0), reached.sum(0))
-        self.matched += match.sum(0).to("cpu", torch.float64)
-        self.counted += valid.sum(0).to("cpu", torch.float64)
-
-    def reduce(self, module: LightningModule) -> None:
-        self.tally.reduce(module)
-        if module.trainer is not None and module.trainer.world_size > 1:
-            self.matched = module.all_gather(self.matched.to(module.device)).reshape(-1, self.matched.numel()).sum(0).cpu()
-            self.counted = module.all_gather(self.counted.to(module.device)).reshape(-1, self.counted.numel()).sum(0).cpu()
-
-    def summary(self) -> dict:
-        rates = self.tally.rates()
-        per_position = [float(m / c) if c > 0 else 0.0 for m, c in zip(self.matched, self.counted)]
-        return {
-            "top1_agreement": rates,
-            "position_top1_agreement": per_position,
-            "simulated_acceptance_length": simulated_acceptance_length(rates),
-        }
-
-
 @torch.no_grad()
 def decode_acceptance(
     drafter: DFlashDraftModel, verifier: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     eos_token_id: int | None, denoise_steps: int = 1,
 ) -> dict:
-    """Real acceptance: greedy speculative decoding of `prompts` with this drafter (the serving loop).
-
-    `decode_tau` counts every verifier forward including the prefill (as `metrics/eval.json` does);
-    `decode_tau_no_prefill` leaves the prefill forward and its token out, as the papers report τ.
-    `decode_acceptance` is per position: the share of drafted blocks accepting at least k tokens;
-    `draft_ms_per_block` the drafter's wall time per drafted block (context update included).
-    """
+    """Real acceptance: greedy speculative decoding of `prompts` with this drafter (`decoded_acceptance`)."""
     was_training = drafter.training
     drafter.eval()
     proposer = BlockProposer(BlockDrafter(drafter, verifier, denoise_steps))
-    committed, forwards, draft_s, blocks = 0, 0, 0.0, 0
-    drafted = [0] * (drafter.block_size - 1)
-    accepted = [0] * (drafter.block_size - 1)
-    for prompt in prompts:
-        generation = decode(verifier, list(prompt), max_new_tokens, proposer=proposer, eos_token_id=eos_token_id)
-        committed += len(generation.new_ids)
-        forwards += generation.verifier_forwards
-        for step in generation.steps:
-            draft_s += step.draft_s if step.drafted else 0.0
-            blocks += bool(step.drafted)
-            for position in range(step.drafted):
-                drafted[position] += 1
-                accepted[position] += position < step.accepted
+    result = decoded_acceptance(proposer, verifier, prompts, max_new_tokens, eos_token_id)
     drafter.train(was_training)
-    return {
-        "decode_tau": committed / max(1, forwards),
-        "decode_tau_no_prefill": (committed - len(prompts)) / max(1, forwards - len(prompts)),
-        "decode_acceptance": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
-        "draft_ms_per_block": 1000 * draft_s / max(1, blocks),
-    }
-
-
-def decode_prompts(rows: Sequence[tuple[list[int], int]], count: int) -> list[list[int]]:
-    """The prompts of `count` held-out rows spread over the split (rows are (tokens, prompt_len))."""
-    if count <= 0 or not rows:
-        return []
-    stride = max(1, len(rows) // count)
-    return [tokens[:prompt_len] for tokens, prompt_len in rows[::stride][:count]]
+    return result
 
 
 @torch.no_grad()
@@ -205,7 +142,7 @@ def evaluate_blocks(
     was_training = drafter.training
     drafter.eval()
     weights = position_weights(drafter.block_size, cfg.gamma)
-    agreement, loss_sum, seen = BlockAgreement(drafter.block_size - 1), 0.0, 0
+    agreement, loss_sum, seen = DraftAgreement(drafter.block_size - 1), 0.0, 0
     embed_tokens, lm_head, _, _ = verifier_parts(verifier.model)
     for batch in batches:
         generator = anchor_generator(seed, int(batch["batch_index"]))
@@ -237,19 +174,13 @@ class BlockDistillModule(DrafterModule):
         self.last_validation: dict = {}
         # (step, simulated τ, decoded τ) of every validation: the τ-vs-steps curve in training.json
         self.history: list[dict] = []
-        self._agreement = BlockAgreement(drafter.block_size - 1)
+        self._agreement = DraftAgreement(drafter.block_size - 1)
         self.embed_tokens, self.lm_head, _, _ = verifier_parts(verifier)
-        # (split, batch index) -> that batch's verifier outputs, when cache_verifier_outputs is on: item i
-        # of a BlockBatches is always the same rows, so every epoch after the first reuses the forward.
-        self._verifier_cache: dict[tuple[str, int], VerifierTargets] = {}
+        self._verifier_outputs = VerifierOutputCache(
+            lambda batch: verifier_targets(self.verifier, batch, self.drafter, self.cfg), cfg.cache_verifier_outputs)
 
     def verifier_targets(self, batch: dict[str, Tensor], split: str) -> VerifierTargets:
-        if not self.cfg.cache_verifier_outputs:
-            return verifier_targets(self.verifier, batch, self.drafter, self.cfg)
-        key = (split, int(batch["batch_index"]))
-        if key not in self._verifier_cache:
-            self._verifier_cache[key] = verifier_targets(self.verifier, batch, self.drafter, self.cfg)
-        return self._verifier_cache[key]
+        return self._verifier_outputs(batch, split)
 
     def on_fit_start(self) -> None:
         self.verifier.to(self.device)
@@ -270,7 +201,7 @@ class BlockDistillModule(DrafterModule):
 
     def on_validation_epoch_start(self) -> None:
         self.verifier.to(self.device)
-        self._agreement = BlockAgreement(self.drafter.block_size - 1)
+        self._agreement = DraftAgreement(self.drafter.block_size - 1)
 
     def validation_step(self, batch: dict[str, Tensor], batch_index: int) -> None:
         generator = anchor_generator(self.seed, int(batch["batch_index"]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -67,18 +67,25 @@ class LoadedDrafter:
     peer_model: PreTrainedModel | None  # a torch causal LM for HF assisted generation, when the kind has one
 
 
-@dataclass(frozen=True)
-class DrafterKind:
-    """One drafter kind: what each stage calls. A new kind is a package with these plus a registry line."""
+class DrafterKind(Protocol):
+    """One drafter kind: what each stage calls (`pipeline/drafters/<kind>/kind.py` implements it). A new
+    kind is its package, a registry line, its `train.<kind>` params section and its `train_<kind>` stage."""
 
-    name: str  # "ar", "block": artifacts/drafters/<name>, stage train_<name>
+    name: str  # "ar", "block", "eagle3": artifacts/drafters/<name>, stage train_<name>, params train.<name>
     train_stage: str  # the training stage's module (`draftline train --drafter <name>`)
-    # (serving_dir) -> served config: turn the copied checkpoint into what serving stacks load, check it
-    serving_layout: Callable[[Path], dict]
-    # (served config, verifier as serving stacks name it, served draft dir, trained drafter dir)
-    launch: Callable[[dict, str, Path, Path], Launch]
-    export_onnx: Callable[[OnnxJob], OnnxExport]
-    # (spec, TensorRT profile, seed) -> random inputs at the profile's opt shapes
-    opt_feeds: Callable[[IOSpec, ProfileConfig, int], dict[str, torch.Tensor]]
-    # (drafter dir, verifier, evaluate config, export dir) -> the drafter on config.backend, ready for decode
-    load: Callable[[Path, PreTrainedModel, EvaluateConfig, Path], LoadedDrafter]
+
+    def serving_layout(self, serving_dir: Path) -> dict:
+        """Turn the copied checkpoint into what serving stacks load, check it; returns the served config."""
+
+    def launch(self, served: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launch:
+        """launch.md and vLLM's speculative config for the served draft dir (verifier as serving stacks name it)."""
+
+    def export_onnx(self, job: OnnxJob) -> OnnxExport:
+        """The ONNX graph of the trained drafter, with its parity against PyTorch."""
+
+    def opt_feeds(self, spec: IOSpec, profile: ProfileConfig, seed: int) -> dict[str, torch.Tensor]:
+        """Random inputs at the TensorRT profile's opt shapes."""
+
+    def load(self, drafter_dir: Path, verifier: PreTrainedModel, config: EvaluateConfig,
+             export_dir: Path) -> LoadedDrafter:
+        """The drafter on `config.backend`, ready for the decoding loop."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from pipeline.errors import DraftlineError
+from pipeline.lineage import read_json
 from pipeline.serve_env import serve_python
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -115,6 +116,15 @@ def require_tokenizer(where: Path) -> None:
     for name in TOKENIZER_FILES:
         if not (where / name).is_file():
             fail(where, f"tokenizer file '{name}'")
+
+
+def trained_draft_tokens(drafter_dir: Path, kind: str) -> int:
+    """k as trained (`train.<kind>.draft_tokens`, recorded in the drafter's training.json)."""
+    path = drafter_dir / "training.json"
+    k = read_json(path).get("draft_tokens") if path.is_file() else None
+    if not k:
+        raise DraftlineError(f"{drafter_dir}/training.json records no draft_tokens; retrain it (`dvc repro train_{kind}`)")
+    return k
 
 
 def layer_weights(prefix: str, layers: int, qk_norm: bool) -> list[str]:

@@ -17,12 +17,11 @@ from pipeline.drafters.served import (
     require_rope_theta,
     require_tokenizer,
     require_weights,
+    trained_draft_tokens,
     trtllm_serve,
     vllm_section,
     weight_names,
 )
-from pipeline.errors import DraftlineError
-from pipeline.lineage import read_json
 
 CONFIG_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
                "num_attention_heads", "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps")
@@ -45,12 +44,7 @@ def serving_layout(directory: Path) -> dict:
 
 
 def draft_tokens(drafter_dir: Path) -> int:
-    """k as trained (`train.ar.draft_tokens`, recorded in the drafter's training.json)."""
-    path = drafter_dir / "training.json"
-    k = read_json(path).get("draft_tokens") if path.is_file() else None
-    if not k:
-        raise DraftlineError(f"{drafter_dir}/training.json records no draft_tokens; retrain it (`dvc repro train_ar`)")
-    return k
+    return trained_draft_tokens(drafter_dir, "ar")
 
 
 def launch(served_config: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launch:

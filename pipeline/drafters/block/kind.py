@@ -5,23 +5,41 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from transformers import PreTrainedModel
 
-from pipeline.config import EvaluateConfig
+from pipeline.config import EvaluateConfig, ProfileConfig
 from pipeline.drafters.block import onnx, serving
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer, load_onnx_drafter
 from pipeline.drafters.block.model import load_drafter
-from pipeline.drafters.kind import DrafterKind, LoadedDrafter
+from pipeline.drafters.kind import DrafterKind, Launch, LoadedDrafter, OnnxExport, OnnxJob
+from pipeline.drafters.onnx_io import IOSpec
 
 
-def load(drafter_dir: Path, verifier: PreTrainedModel, config: EvaluateConfig, export_dir: Path) -> LoadedDrafter:
-    if config.backend == "onnx":
-        drafter = load_onnx_drafter(export_dir, config.denoise_steps)
-    else:
-        model = load_drafter(drafter_dir, verifier.dtype).to(verifier.device)
-        drafter = BlockDrafter(model, verifier, config.denoise_steps)
-    return LoadedDrafter(BlockProposer(drafter), config.backend, None)
+class BlockKind:
+    name = "block"
+    train_stage = "train.block_stage"
+
+    def serving_layout(self, serving_dir: Path) -> dict:
+        return serving.serving_layout(serving_dir)
+
+    def launch(self, served: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launch:
+        return serving.launch(served, verifier, draft, drafter_dir)
+
+    def export_onnx(self, job: OnnxJob) -> OnnxExport:
+        return onnx.export(job)
+
+    def opt_feeds(self, spec: IOSpec, profile: ProfileConfig, seed: int) -> dict[str, torch.Tensor]:
+        return onnx.opt_feeds(spec, profile, seed)
+
+    def load(self, drafter_dir: Path, verifier: PreTrainedModel, config: EvaluateConfig,
+             export_dir: Path) -> LoadedDrafter:
+        if config.backend == "onnx":
+            drafter = load_onnx_drafter(export_dir, config.denoise_steps)
+        else:
+            model = load_drafter(drafter_dir, verifier.dtype).to(verifier.device)
+            drafter = BlockDrafter(model, verifier, config.denoise_steps)
+        return LoadedDrafter(BlockProposer(drafter), config.backend, None)
 
 
-BLOCK = DrafterKind(name="block", train_stage="train.block_stage", serving_layout=serving.serving_layout,
-                    launch=serving.launch, export_onnx=onnx.export, opt_feeds=onnx.opt_feeds, load=load)
+BLOCK: DrafterKind = BlockKind()

@@ -30,6 +30,7 @@ from transformers import initialization as init
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
 from pipeline.config import BlockDrafterConfig
+from pipeline.drafters.rope import apply_rope, rope_cos_sin
 from pipeline.errors import DraftlineError
 from pipeline.integrity import load_pretrained, require_checkpoint
 
@@ -122,23 +123,6 @@ class DFlashConfig(PretrainedConfig):
     def causal(self) -> bool:
         """Attention inside the block: False (DFlash) sees the whole block, True the anchor and earlier positions."""
         return bool(self.dflash_config["causal"])
-
-
-# --------------------------------------------------------------------------- RoPE
-
-
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """(B, T) absolute positions -> cos, sin of shape (B, 1, T, head_dim) (HF half-split convention)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.to(torch.float32)[..., None] * inv_freq
-    angles = torch.cat([freqs, freqs], dim=-1)[:, None]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
 
 
 # --------------------------------------------------------------------------- layers
