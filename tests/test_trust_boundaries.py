@@ -181,17 +181,18 @@ def test_a_locked_store_is_reported_as_transient_never_as_one_to_discard(tmp_pat
 # --------------------------------------------------------------------------- dvc repro keeps the last results
 
 
-def test_a_failing_evaluate_under_dvc_repro_keeps_the_previous_metrics_and_plots(tmp_path):
-    """DVC deletes a stage's declared outputs before running it; evaluate's are uncached, so without
-    `persist` a failed run would lose the last results for good. Runs real DVC on evaluate's own outs."""
+@pytest.mark.parametrize("name", ["evaluate", "serve_check"])
+def test_a_failing_stage_under_dvc_repro_keeps_the_previous_metrics_and_plots(tmp_path, name):
+    """DVC deletes a stage's declared outputs before running it; these are uncached, so without
+    `persist` a failed run would lose the last results for good. Runs real DVC on the stage's own outs."""
     import shutil
 
     import yaml
 
-    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["evaluate"]
-    stage = {"cmd": "python -c \"raise SystemExit('evaluate failed')\"", "metrics": stage["metrics"],
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][name]
+    stage = {"cmd": f"python -c \"raise SystemExit('{name} failed')\"", "metrics": stage["metrics"],
              "plots": stage["plots"]}
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"evaluate": stage}}))
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {name: stage}}))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"project": {"metrics_dir": "metrics", "plots_dir": "plots"}}))
     outputs = [next(iter(entry)).replace("${project.metrics_dir}", "metrics").replace("${project.plots_dir}", "plots")
                for entry in stage["metrics"] + stage["plots"]]
@@ -201,9 +202,9 @@ def test_a_failing_evaluate_under_dvc_repro_keeps_the_previous_metrics_and_plots
     dvc = shutil.which("dvc", path=str(Path(sys.executable).parent)) or "dvc"
     env = {**child_env(), "DVC_NO_ANALYTICS": "1"}
     subprocess.run([dvc, "init", "--no-scm", "-q"], cwd=tmp_path, env=env, check=True, timeout=120)
-    done = subprocess.run([dvc, "repro", "evaluate"], cwd=tmp_path, env=env, capture_output=True, text=True,
+    done = subprocess.run([dvc, "repro", name], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
-    assert done.returncode != 0 and "evaluate failed" in done.stdout + done.stderr
+    assert done.returncode != 0 and f"{name} failed" in done.stdout + done.stderr
     for relative in outputs:
         assert (tmp_path / relative).read_text() == f"previous {relative}"
 
