@@ -243,7 +243,8 @@ def compare_domain(runs: dict[str, dict], baseline: dict[str, dict], generations
                 continue
             vllm, theirs = vllm_metrics(run, k, None), draftline_metrics(generations[name], k)
             record["sampled"][name] = {"concurrency": concurrency[name], "vllm": vllm, "draftline": theirs,
-                                       "tolerance": sampled_tolerance(vllm, theirs, config.sampled_z)}
+                                       "tolerance": sampled_tolerance(vllm, theirs, config.sampled_z),
+                                       "tau_diff": abs(vllm["tau"] - theirs["tau"]) if vllm["tau"] else None}
     single, batched = (record[name]["vllm"]["tau"] for name in (SINGLE, BATCHED))
     ours = (record.get("draftline") or {}).get("tau")
     if single and batched:
