@@ -585,6 +585,8 @@ class ServeCheckConfig(Section):
     concurrency: int = Field(8, ge=1, description="requests sharing vLLM's batches in the batched runs")
     max_batch_tau_gap: float = Field(0.05, ge=0, description="largest relative gap batched vs single-request vLLM tau")
     sampled_z: float = Field(3.0, gt=0, description="T > 0: standard errors of the tau difference that pass")
+    gate_sampled: StrictBool = Field(True, description="a T > 0 tau gap past sampled_z fails the drafter; "
+                                     "false: it is recorded and warned about only")
     kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU")
     enforce_eager: StrictBool = Field(True, description="skip vLLM's torch.compile warm-up (minutes on a small CPU)")
     engine_timeout_s: int = Field(1200, ge=30, description="wall-clock limit for one vLLM engine run")

@@ -428,7 +428,7 @@ def serve_check_failure(entry: dict, config: ServeCheckConfig) -> str | None:
         return "serve_check says passed but measured no domain"
     for domain, record in sorted(domains.items()):
         reasons = domain_failures(record if isinstance(record, dict) else {}, config.max_tau_gap,
-                                  config.max_batch_tau_gap, config.sampled_z)
+                                  config.max_batch_tau_gap, config.sampled_z, config.gate_sampled)
         if reasons:
             return f"serve_check says passed but {domain}: {reasons[0]}"
     return None

@@ -46,10 +46,17 @@ from pipeline.errors import DraftlineError
 from pipeline.integrity import measured_artifacts
 from pipeline.lineage import library_versions, read_json
 from pipeline.paths import ArtifactPaths
-from pipeline.progress import console, info
+from pipeline.progress import console, info, warn
 from pipeline.serve_env import serve_python
 from serve_eval.serving_plots import write_serving_plots
-from serve_eval.serving_rule import BATCHED, SINGLE, domain_failures, relative_gap, sampled_tolerance
+from serve_eval.serving_rule import (
+    BATCHED,
+    SINGLE,
+    domain_failures,
+    relative_gap,
+    sampled_gaps,
+    sampled_tolerance,
+)
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 SERVING_JSON = "serving.json"
@@ -251,7 +258,10 @@ def compare_domain(runs: dict[str, dict], baseline: dict[str, dict], generations
         record["batch_tau_gap"] = relative_gap(batched, single)
         if ours:
             record["single_tau_gap"], record["tau_gap"] = relative_gap(single, ours), relative_gap(batched, ours)
-    reasons = domain_failures(record, config.max_tau_gap, config.max_batch_tau_gap, config.sampled_z)
+    reasons = domain_failures(record, config.max_tau_gap, config.max_batch_tau_gap, config.sampled_z,
+                              config.gate_sampled)
+    if not config.gate_sampled:
+        record["sampled_warnings"] = sampled_gaps(record, config.sampled_z)
     if generations is None:  # the drafter did not load in draftline: only vLLM's side is judged here
         reasons = [reason for reason in reasons if reason != "no draftline tau recorded"]
     return record, reasons
@@ -320,6 +330,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
                     "max_new_tokens": config.max_new_tokens, "concurrency": config.concurrency,
                     "temperatures": [0.0] + sampled_temperatures(params), "max_tau_gap": config.max_tau_gap,
                     "max_batch_tau_gap": config.max_batch_tau_gap, "sampled_z": config.sampled_z,
+                    "gate_sampled": config.gate_sampled,
                     "baseline": None, "drafters": {}}
     if python is None:
         reason = "no serving environment (.venv-serve with vLLM): run `make serve-env`"
@@ -394,6 +405,9 @@ def print_table(report: dict) -> None:
     for kind, entry in report["drafters"].items():
         if entry["reason"]:
             console.print(f"  {kind}: {entry['status']}: {entry['reason']}")
+        for domain, record in entry.get("domains", {}).items():
+            for gap in record.get("sampled_warnings", []):
+                warn(f"serve_check {kind} {domain}: {gap} (recorded, not gated: serve_check.gate_sampled is false)")
     baseline = report.get("baseline") or {}
     if baseline.get("engine_start_s") is not None:
         starts = [f"{kind} {e['engine_start_s']:.0f} s" for kind, e in report["drafters"].items()

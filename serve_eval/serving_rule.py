@@ -41,10 +41,27 @@ def greedy_failure(record: object, name: str) -> str | None:
     return None
 
 
-def domain_failures(record: dict, max_tau_gap: float, max_batch_tau_gap: float, sampled_z: float) -> list[str]:
+def sampled_gaps(record: dict, sampled_z: float) -> list[str]:
+    """Sampled runs whose vLLM τ is further from draftline's than sampling noise explains."""
+    reasons = []
+    for name, entry in sorted((record.get("sampled") or {}).items()):
+        vllm, theirs = entry.get("vllm") or {}, entry.get("draftline") or {}
+        if not _finite(vllm.get("tau")) or not _finite(theirs.get("tau")):
+            reasons.append(f"{name}: vLLM proposed no drafts")
+            continue
+        tolerance = sampled_tolerance(vllm, theirs, sampled_z)
+        difference = abs(vllm["tau"] - theirs["tau"])
+        if tolerance is not None and difference > tolerance:
+            reasons.append(f"{name}: vLLM tau {vllm['tau']:.3f} vs draftline tau {theirs['tau']:.3f}: difference "
+                           f"{difference:.3f} > {sampled_z:g} standard errors ({tolerance:.3f})")
+    return reasons
+
+
+def domain_failures(record: dict, max_tau_gap: float, max_batch_tau_gap: float, sampled_z: float,
+                    gate_sampled: bool = True) -> list[str]:
     """Why one drafter x domain record fails: greedy outputs not identical in both greedy runs, batched τ
-    too far from single-request τ, either τ too far from draftline's, or a sampled τ further from
-    draftline's than sampling noise explains."""
+    too far from single-request τ, either τ too far from draftline's, or (`gate_sampled`) a sampled τ
+    further from draftline's than sampling noise explains."""
     reasons = [reason for name in (SINGLE, BATCHED) if (reason := greedy_failure(record.get(name), name))]
     if reasons:
         return reasons
@@ -61,14 +78,4 @@ def domain_failures(record: dict, max_tau_gap: float, max_batch_tau_gap: float, 
         if relative_gap(tau, ours) > max_tau_gap:
             reasons.append(f"vLLM {name} tau {tau:.3f} vs draftline tau {ours:.3f}: gap {relative_gap(tau, ours):.1%} "
                            f"> serve_check.max_tau_gap {max_tau_gap:.0%}")
-    for name, entry in sorted((record.get("sampled") or {}).items()):
-        vllm, theirs = entry.get("vllm") or {}, entry.get("draftline") or {}
-        if not _finite(vllm.get("tau")) or not _finite(theirs.get("tau")):
-            reasons.append(f"{name}: vLLM proposed no drafts")
-            continue
-        tolerance = sampled_tolerance(vllm, theirs, sampled_z)
-        difference = abs(vllm["tau"] - theirs["tau"])
-        if tolerance is not None and difference > tolerance:
-            reasons.append(f"{name}: vLLM tau {vllm['tau']:.3f} vs draftline tau {theirs['tau']:.3f}: difference "
-                           f"{difference:.3f} > {sampled_z:g} standard errors ({tolerance:.3f})")
-    return reasons
+    return reasons + (sampled_gaps(record, sampled_z) if gate_sampled else [])

@@ -199,6 +199,22 @@ def test_a_status_flipped_to_passed_is_rederived_from_the_numbers(tmp_path, reco
     assert expected in refusals["ar"]
 
 
+def test_a_sampled_gap_fails_only_when_gated(tmp_path):
+    """With serve_check.gate_sampled false the T>0 gap is recorded and warned about, not a failure, in
+    serve_check's rule and in promote's rederivation of it alike."""
+    from serve_eval.serving_rule import domain_failures, sampled_gaps
+
+    record = _served_record(3.0, 3.0, 3.0, sampled={"T=0.8": {"vllm": {"tau": 1.02, "tau_se": 0.02},
+                                                              "draftline": {"tau": 2.3, "tau_se": 0.1}}})
+    assert sampled_gaps(record, 3.0) == ["T=0.8: vLLM tau 1.020 vs draftline tau 2.300: difference 1.280 > "
+                                         "3 standard errors (0.306)"]
+    assert domain_failures(record, 0.15, 0.05, 3.0, gate_sampled=True) == sampled_gaps(record, 3.0)
+    assert domain_failures(record, 0.15, 0.05, 3.0, gate_sampled=False) == []
+    serving = {"drafters": {"ar": {"status": "passed", "reason": None, "domains": {"code": record}}}}
+    assert "T=0.8" in serve_check_refusals(_params(tmp_path), serving, ["ar"])["ar"]
+    assert serve_check_refusals(_params(tmp_path, gate_sampled=False), serving, ["ar"]) == {}
+
+
 def test_promote_records_the_served_tau_next_to_draftlines(tmp_path):
     params = _params(tmp_path)
     paths = ArtifactPaths.from_params(params)
