@@ -20,10 +20,10 @@ from typing import Sequence
 import torch
 
 from data_prep.bootstrap_verifier import build_model
+from data_prep.continuation import generate_batch
 from data_prep.engines import Request
 from data_prep.engines.openai_client import OpenAIEngine
 from data_prep.engines.vllm_server import vllm_server
-from data_prep.generate import generate_batch
 from data_prep.sources import Prompt, stable_order, stdlib_code_prompts, stdlib_text_prompts
 from data_prep.tokenizer import train_bpe_tokenizer
 from data_prep.verifier import load_verifier, model_location, read_record

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
-from data_prep.generate import generate_batch
+from data_prep.continuation import generate_batch
 from data_prep.sources import split_of, stable_hash, stdlib_code_prompts, stdlib_text_prompts
 from data_prep.stdlib_text import collect_stdlib_texts
 from data_prep.tokenizer import train_bpe_tokenizer

@@ -10,7 +10,7 @@ import hashlib
 from pathlib import Path
 
 from pipeline.drafters.onnx_io import MANIFEST_NAME, IOSpec
-from pipeline.drafters.served import TOKENIZER_FILES
+from pipeline.drafters.served_checks import TOKENIZER_FILES
 from pipeline.lineage import hash_file
 
 

@@ -22,13 +22,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "params": ("pipeline.params_cmd", "validate params.yaml (`draftline params check`)"),
     "bootstrap_verifier": ("data_prep.bootstrap_verifier", "train the offline demo verifier, or record an external one"),
     "build_corpus": ("data_prep.build_corpus", "regenerate responses with the verifier into the corpus"),
-    "train": ("train.stage", "distill a drafter (`--drafter ar|block`)"),
-    "export": ("export.stage", "serving checkpoints, ONNX with parity, TensorRT engines"),
+    "train": ("train.dispatch", "distill a drafter (`--drafter ar|block`)"),
+    "export": ("export.export", "serving checkpoints, ONNX with parity, TensorRT engines"),
     "evaluate": ("serve_eval.evaluate", "speculative decoding evaluation on the corpus test split"),
     "serve_check": ("serve_eval.serve_check", "run the exported drafters in vLLM (the serve env) against no speculation"),
-    "promote": ("pipeline.promote", "register evaluated drafters in MLflow and run the promotion gate"),
+    "promote": ("pipeline.promote.promote", "register evaluated drafters in MLflow and run the promotion gate"),
     "generate": ("serve_eval.generate", "one speculative generation with accepted tokens highlighted"),
-    "registry": ("pipeline.registry_cli", "inspect the MLflow registry and promote by hand"),
+    "registry": ("pipeline.promote.registry_cmd", "inspect the MLflow registry and promote by hand"),
 }
 
 

@@ -19,16 +19,16 @@ import torch
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params, SamplingConfig
-from pipeline.drafters.kind import Proposer
+from pipeline.drafters.interface import Proposer
+from pipeline.drafters.speculative_loop import Generation, decode
 from pipeline.integrity import measured_artifacts, stop_token_ids
 from pipeline.lineage import library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info, progress, warn
-from serve_eval.decoding import Generation, decode
+from serve_eval.cell_sums import CellSums
+from serve_eval.hf_assisted import hf_assisted_generate
 from serve_eval.loading import load_drafters, load_test_prompts, load_verifier_for_decoding
-from serve_eval.peer import hf_assisted_generate
 from serve_eval.plots import write_plots
-from serve_eval.tally import Tally
 
 
 def temperature_key(temperature: float) -> str:
@@ -37,8 +37,8 @@ def temperature_key(temperature: float) -> str:
 
 def evaluate_cell(verifier, proposer: Proposer, prompts: list[list[int]], sampling: SamplingConfig, *,
                   max_new_tokens: int, eos_token_id: list[int], seed: int, desc: str,
-                  peer_drafter=None, draft_tokens: int = 0, repeats: int = 1) -> Tally:
-    tally = Tally()
+                  peer_drafter=None, draft_tokens: int = 0, repeats: int = 1) -> CellSums:
+    tally = CellSums()
     run = dict(sampling=sampling, eos_token_id=eos_token_id)
     # warm-up: first-call allocations and kernel selection must not land in either timing
     decode(verifier, prompts[0], min(8, max_new_tokens), **run)
@@ -87,7 +87,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
                     "corpus_hash": corpus_hash(paths), "library_versions": library_versions(),
                     "tau_definition": "tokens committed per verifier forward, bonus/correction token included",
                     "drafters": {}}
-    tallies: dict[tuple[str, str, str], Tally] = {}
+    tallies: dict[tuple[str, str, str], CellSums] = {}
     torch.manual_seed(config.seed)
     for kind, drafter in drafters.items():
         proposer, peer_drafter = drafter.proposer, drafter.peer_model

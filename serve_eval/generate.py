@@ -11,11 +11,11 @@ from rich.text import Text
 
 from pipeline.cli import positive_int_arg, run_stage, stage_parser, temperature_arg
 from pipeline.config import DRAFTER_NAMES, Params, SamplingConfig
+from pipeline.drafters.speculative_loop import decode
 from pipeline.errors import DraftlineError
 from pipeline.integrity import stop_token_ids
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, print_summary
-from serve_eval.decoding import decode
 from serve_eval.loading import load_drafters, load_verifier_for_decoding
 
 

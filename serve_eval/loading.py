@@ -8,8 +8,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config import EvaluateConfig, VerifierConfig
-from pipeline.drafters.kind import LoadedDrafter
-from pipeline.drafters.registry import KINDS
+from pipeline.drafters.interface import LoadedDrafter
+from pipeline.drafters.kinds import KINDS
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer, load_tokenizer, require_checkpoint
 from pipeline.paths import ArtifactPaths

@@ -7,7 +7,7 @@ import io
 from pathlib import Path
 
 from pipeline.atomic import save_figure_atomic, write_text_atomic
-from serve_eval.tally import Tally
+from serve_eval.cell_sums import CellSums
 
 ACCEPTANCE_CSV = "eval_acceptance.csv"
 TAU_CSV = "eval_tau_hist.csv"
@@ -21,7 +21,7 @@ def csv_text(header: list[str], rows: list[list[object]]) -> str:
     return buffer.getvalue()
 
 
-def write_plots(directory: Path, tallies: dict[tuple[str, str, str], Tally]) -> None:
+def write_plots(directory: Path, tallies: dict[tuple[str, str, str], CellSums]) -> None:
     """`tallies` is keyed by (drafter, temperature, domain)."""
     import matplotlib
 

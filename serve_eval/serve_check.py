@@ -10,7 +10,7 @@ environment (`make serve-env`: vLLM without draftline, so the export has to stan
 through `serve_eval/vllm_runner.py`. Per drafter and domain `metrics/serving.json` records whether
 the outputs are identical, vLLM's spec-decode counters and the τ computed from them per run, vLLM
 tokens/s with and without the drafter, and draftline's own τ on the same prompts at the same
-temperatures, decoded here with `serve_eval.decoding`.
+temperatures, decoded here with `pipeline.drafters.speculative_loop`.
 
 τ is compared in vLLM's definition: 1 + accepted drafts per drafting step (bonus token included;
 the prefill step, which drafts nothing in vLLM, is left out on both sides, and so are draftline's
@@ -38,7 +38,7 @@ from typing import Sequence
 
 import torch
 
-from export.serving import VLLM_NAME
+from export.launch_files import VLLM_NAME
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params, SamplingConfig, ServeCheckConfig
@@ -47,7 +47,7 @@ from pipeline.integrity import measured_artifacts
 from pipeline.lineage import library_versions, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info, warn
-from pipeline.serve_env import serve_python
+from pipeline.serving_venv import serve_python
 from serve_eval.serving_plots import write_serving_plots
 from serve_eval.serving_rule import (
     BATCHED,
@@ -154,7 +154,7 @@ def draftline_runs(params: Params, paths: ArtifactPaths, kinds: list[str],
                    prompts: dict[str, list[list[int]]]) -> dict[str, dict[str, dict[str, list]]]:
     """kind -> run name -> domain -> draftline's Generation per prompt (no EOS stop, as vLLM runs with
     ignore_eos): greedy (compared with both greedy vLLM runs) and every evaluate T > 0, seeded per prompt."""
-    from serve_eval.decoding import decode
+    from pipeline.drafters.speculative_loop import decode
     from serve_eval.loading import load_drafters, load_verifier_for_decoding
 
     verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline.serve_env import serve_python
+from pipeline.serving_venv import serve_python
 from tests.tiny_models import tiny_llama, tiny_llama_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -70,7 +70,7 @@ def test_evaluate_refuses_a_drafter_with_another_vocabulary(copy, capsys):
 
 
 def test_export_refuses_a_drafter_with_another_vocabulary(copy, capsys):
-    from export.stage import main
+    from export.export import main
 
     _wider_ar_drafter(copy)
     (copy / "params.yaml").write_text(json.dumps({"export": {"kinds": ["ar"], "tensorrt": "off"}}))

@@ -56,7 +56,7 @@ def test_all_anchors_cover_every_response_position_with_a_label():
 
 @pytest.mark.slow
 def test_train_block_stage_lowers_loss(tmp_path):
-    from train.block_stage import run
+    from train.train_block import run
 
     make_artifacts(tmp_path, rows_per_split=(12, 4, 2), new_tokens=12)
     params = write_block_params(tmp_path, max_steps=30, checkpoint_every_n_steps=10, val_every_n_steps=15)

@@ -35,7 +35,7 @@ from data_prep.verifier import write_record
 from pipeline.config import CorpusConfig, SamplingConfig, VllmConfig, load_params
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
-from pipeline.serve_env import serve_python
+from pipeline.serving_venv import serve_python
 from tests.tiny_models import tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -564,7 +564,7 @@ def kv_cache_env(monkeypatch) -> None:
 @pytest.mark.slow
 @needs_vllm
 def test_engine_vllm_matches_hf_greedy(tmp_path, monkeypatch, capsys):
-    from data_prep.generate import generate_batch
+    from data_prep.continuation import generate_batch
     from data_prep.verifier import load_model_and_tokenizer
 
     kv_cache_env(monkeypatch)

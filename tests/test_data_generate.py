@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from data_prep.generate import generate_batch
+from data_prep.continuation import generate_batch
 from pipeline.config import SamplingConfig
 from tests.tiny_models import tiny_qwen3, tiny_tokenizer
 

@@ -14,8 +14,8 @@ from pipeline.drafters.eagle3.model import (
     default_aux_layer_ids,
     draft_vocabulary,
 )
+from pipeline.drafters.speculative_loop import decode
 from pipeline.errors import DraftlineError
-from serve_eval.decoding import decode
 from tests.tiny_models import tiny_qwen3
 from train.eagle3_lit import to_draft_ids
 

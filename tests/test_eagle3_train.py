@@ -18,7 +18,7 @@ STEPS = 3
 
 @pytest.mark.slow
 def test_train_eagle3_stage_lowers_loss(tmp_path):
-    from train.eagle3_stage import run
+    from train.train_eagle3 import run
 
     make_artifacts(tmp_path, rows_per_split=(12, 4, 2), new_tokens=12)
     data = {

@@ -157,10 +157,10 @@ def test_trust_remote_code_comes_from_params_not_the_artifact(project, monkeypat
 
 
 def test_speedup_is_the_median_repeat_and_its_spread_is_recorded():
-    from serve_eval.decoding import Generation
-    from serve_eval.tally import Tally
+    from pipeline.drafters.speculative_loop import Generation
+    from serve_eval.cell_sums import CellSums
 
-    tally = Tally()
+    tally = CellSums()
     for repeat, (spec_s, base_s) in enumerate([(1.0, 2.0), (4.0, 2.0), (1.0, 1.5)]):  # one repeat hit by load
         spec, base = Generation([1], [5] * 8, wall_s=spec_s), Generation([1], [5] * 8, wall_s=base_s)
         if repeat == 0:

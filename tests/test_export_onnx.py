@@ -81,7 +81,7 @@ def write_params(directory: Path, root: Path, **export) -> Path:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tiny_verifier_dir):
-    from export.stage import main
+    from export.export import main
 
     work = tmp_path_factory.mktemp("export_stage")
     root = work / "artifacts"
@@ -137,8 +137,9 @@ def test_onnx_graph_has_dynamic_axes(exported):
 
 @pytest.mark.slow
 def test_onnx_backend_tau_equals_torch_at_t0(exported):
-    from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter, load_onnx_drafter
-    from serve_eval.decoding import decode
+    from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
+    from pipeline.drafters.ar.onnx import load_onnx_drafter
+    from pipeline.drafters.speculative_loop import decode
 
     verifier = AutoModelForCausalLM.from_pretrained(exported / "verifier").eval()
     drafter = AutoModelForCausalLM.from_pretrained(exported / "drafters" / "ar").eval()
@@ -154,7 +155,7 @@ def test_onnx_backend_tau_equals_torch_at_t0(exported):
 
 
 def test_onnx_backend_crop_and_missing_export(exported, tmp_path):
-    from pipeline.drafters.ar.decoding import load_onnx_drafter
+    from pipeline.drafters.ar.onnx import load_onnx_drafter
     from pipeline.errors import DraftlineError
 
     backend = load_onnx_drafter(exported / "export" / "ar")
@@ -169,9 +170,10 @@ def test_onnx_backend_crop_and_missing_export(exported, tmp_path):
 
 @pytest.mark.slow
 def test_onnx_block_backend_matches_torch(exported):
-    from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer, load_onnx_drafter
+    from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
     from pipeline.drafters.block.model import load_drafter
-    from serve_eval.decoding import decode
+    from pipeline.drafters.block.onnx import load_onnx_drafter
+    from pipeline.drafters.speculative_loop import decode
 
     verifier = AutoModelForCausalLM.from_pretrained(exported / "verifier").eval()
     torch_drafter = BlockDrafter(load_drafter(exported / "drafters" / "block"), verifier)
@@ -213,9 +215,10 @@ def test_parity_report_fails_past_tolerance_and_names_the_output():
 @pytest.mark.slow
 def test_onnx_eagle3_backend_matches_torch(exported):
     """Same drafts and acceptances at T=0 from the ONNX Runtime head as from PyTorch (reduced vocabulary)."""
-    from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head, load_onnx_head
+    from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
     from pipeline.drafters.eagle3.model import load_drafter
-    from serve_eval.decoding import decode
+    from pipeline.drafters.eagle3.onnx import load_onnx_head
+    from pipeline.drafters.speculative_loop import decode
 
     verifier = AutoModelForCausalLM.from_pretrained(exported / "verifier").eval()
     torch_head = TorchEagle3Head(load_drafter(exported / "drafters" / "eagle3"), verifier)

@@ -11,13 +11,13 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+from export.launch_files import copy_checkpoint, vllm_job
 from export.manifest import file_table, tokenizer_hash
-from export.serving import copy_checkpoint, vllm_job
 from pipeline.drafters.ar import serving as ar_serving
 from pipeline.drafters.ar.serving import serving_layout
 from pipeline.drafters.block import serving as block_serving
 from pipeline.drafters.block.serving import check_layout, write_served_config
-from pipeline.drafters.served import check_plain_autoconfig
+from pipeline.drafters.served_checks import check_plain_autoconfig
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_file
 from tests.tiny_models import tiny_qwen3, tiny_tokenizer
@@ -206,7 +206,7 @@ def test_manifest_file_table_and_tokenizer_hash(ar_dir):
 
 
 def test_stage_without_drafters_fails_cleanly(tmp_path, capsys):
-    from export.stage import main
+    from export.export import main
 
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"project": {"artifacts_dir": str(tmp_path / "artifacts")},

@@ -94,7 +94,7 @@ def test_required_without_cuda_exits_with_one_clear_line(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"project": {"artifacts_dir": str(tmp_path / "artifacts")},
                                       "export": {"tensorrt": "required"}}))
-    result = subprocess.run([sys.executable, "-m", "export.stage", "--params", str(params)], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "export.export", "--params", str(params)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()

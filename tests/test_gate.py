@@ -4,7 +4,7 @@ import math
 import pytest
 
 from pipeline.config import DomainGate, PromoteConfig
-from pipeline.gate import GateDecision, decide, gate_metrics
+from pipeline.promote.gate import GateDecision, decide, gate_metrics
 
 CONFIG = PromoteConfig(
     require_lossless=True,

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_prep.verifier import write_record
 from pipeline.lineage import LIBRARIES, library_versions, model_identity, version_tags
-from pipeline.registry import registered_model_name
+from pipeline.promote.model_registry import registered_model_name
 from tests.tiny_models import save_tiny_verifier
 
 

@@ -9,7 +9,7 @@ import torch
 
 from pipeline.config import LossConfig
 from train import losses
-from train.agreement import AcceptanceTally, simulated_acceptance_length
+from train.agreement import AgreementCounts, simulated_acceptance_length
 from train.trainer import cosine_with_warmup
 
 # One batch, two positions, vocabulary of 2. Position 0 is a response token; position 1 is masked.
@@ -108,7 +108,7 @@ def test_acceptance_windows_and_length():
     # one row, 5 valid prediction positions; matches: T T F T T
     match = torch.tensor([[True, True, False, True, True]])
     valid = torch.ones_like(match)
-    tally = AcceptanceTally(3)
+    tally = AgreementCounts(3)
     tally.add_windows(match, valid)
     # position 1: starts 0..4, hits at 0,1,3,4 -> 4/5
     # position 2: alive starts 0,1,3,4 with s+1 valid: 0,1,3 -> hits where match[s+1]: 0 (1 ok), 1 (2 F), 3 (4 ok) -> 2/3

@@ -122,7 +122,7 @@ def _source_files(*packages: str) -> list[Path]:
 
 
 def test_only_a_kinds_own_package_branches_on_its_name():
-    """Stages iterate over `pipeline.drafters.registry.KINDS`; a comparison with a kind's name outside
+    """Stages iterate over `pipeline.drafters.kinds.KINDS`; a comparison with a kind's name outside
     `pipeline/drafters/<kind>/` is a branch a new kind would have to be added to."""
     from pipeline.config import DRAFTER_NAMES
 
@@ -149,7 +149,7 @@ def test_export_and_serve_eval_do_not_import_train():
 
 def test_registry_has_every_drafter_name():
     from pipeline.config import DRAFTER_NAMES
-    from pipeline.drafters.registry import KINDS
+    from pipeline.drafters.kinds import KINDS
 
     assert sorted(KINDS) == sorted(DRAFTER_NAMES)
     assert all(kind.name == name for name, kind in KINDS.items())

@@ -21,10 +21,10 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from pipeline import promote, registry_cli
 from pipeline.integrity import measured_artifacts
 from pipeline.lineage import model_identity
-from pipeline.registry import CHAMPION, PREVIOUS_CHAMPION, Registry, registered_model_name
+from pipeline.promote import promote, registry_cmd
+from pipeline.promote.model_registry import CHAMPION, PREVIOUS_CHAMPION, Registry, registered_model_name
 from tests.tiny_models import tiny_qwen3, tiny_tokenizer
 
 EXPERIMENT = "draftline-test"
@@ -56,7 +56,7 @@ class Workspace:
             "gates": {"code": {"min_tau": 1.2, "min_speedup": 1.0}, "text": {"min_tau": 1.1, "min_speedup": 1.0}},
         }, "serve_check": {"required": False}}))  # the vLLM check has its own tests (test_serve_check.py)
         (root / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {"train@ar": {
-            "cmd": "python -m train.stage --drafter ar",
+            "cmd": "python -m train.dispatch --drafter ar",
             "deps": [{"path": "artifacts/corpus", "md5": "a" * 32 + ".dir"}],
             "outs": [{"path": "artifacts/drafters/ar", "md5": "b" * 32 + ".dir"}]}}}))
         self.verifier_hash = f"hash-{verifier_id}"
@@ -278,19 +278,19 @@ def test_forced_promotion_via_cli_records_reason(tmp_path_factory, store, tokeni
         assert not ws.promote()["drafters"]["ar"]["promoted"]
         params = ["--params", str(ws.params)]
         # through the gate by hand: still rejected; --force without a reason is refused
-        assert registry_cli.main(params + ["promote", "ar", "1"]) == 0
-        assert registry_cli.main(params + ["promote", "ar", "1", "--force"]) == 1
+        assert registry_cmd.main(params + ["promote", "ar", "1"]) == 0
+        assert registry_cmd.main(params + ["promote", "ar", "1", "--force"]) == 1
         registry = Registry(store)
         assert registry.alias_version(ws.name("ar"), CHAMPION) is None
-        assert registry_cli.main(["promote", "ar", "1", "--force", "--reason", "canary ok in prod"] + params) == 0
+        assert registry_cmd.main(["promote", "ar", "1", "--force", "--reason", "canary ok in prod"] + params) == 0
         version = registry.alias_version(ws.name("ar"), CHAMPION)
         assert version.version == 1 and version.tags["gate"] == "forced"
         assert version.tags["gate.forced_reason"] == "canary ok in prod" and version.tags["gate.forced_by"]
-        assert registry_cli.main(params + ["promote", "ar", "1"]) == 0  # already champion: not re-gated
+        assert registry_cmd.main(params + ["promote", "ar", "1"]) == 0  # already champion: not re-gated
         assert registry.version(ws.name("ar"), "1").tags["gate"] == "forced"
         capsys.readouterr()
-        assert registry_cli.main(params + ["list"]) == 0
-        assert registry_cli.main(params + ["show", ws.name("ar")]) == 0
+        assert registry_cmd.main(params + ["list"]) == 0
+        assert registry_cmd.main(params + ["show", ws.name("ar")]) == 0
         shown = capsys.readouterr().err
         assert "dl-forced-ar" in shown and "forced" in shown
 
@@ -329,7 +329,7 @@ def _failed_promotion(ws: Workspace, capsys) -> str:
 
 
 def _promote_in_subprocess(root: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.promote", "--params", "params.yaml"], cwd=root,
+    return subprocess.Popen([sys.executable, "-m", "pipeline.promote.promote", "--params", "params.yaml"], cwd=root,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -501,7 +501,7 @@ def test_manual_promote_without_force_never_rewrites_a_recorded_decision(tmp_pat
     registry = Registry(store)
     decision = registry.version(ws.name("ar"), "1").tags["gate.decision"]
     capsys.readouterr()
-    assert registry_cli.main(["--params", str(ws.params), "promote", "ar", "1", "--reason", "x"]) == 0
+    assert registry_cmd.main(["--params", str(ws.params), "promote", "ar", "1", "--reason", "x"]) == 0
     assert "already decided 'rejected'" in capsys.readouterr().err
     version = registry.version(ws.name("ar"), "1")
     assert version.tags["gate"] == "rejected" and version.tags["gate.decision"] == decision

@@ -13,13 +13,13 @@ import yaml
 from datasets import Dataset, DatasetDict
 
 from pipeline.config import DRAFTER_NAMES, ServeCheckConfig, parse_params
+from pipeline.drafters.speculative_loop import Generation, Step
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_dir
 from pipeline.paths import ArtifactPaths
-from pipeline.promote import read_serving, serve_check_refusals, served_tau, served_tau_tags
-from pipeline.serve_env import serve_python
+from pipeline.promote.promote import read_serving, serve_check_refusals, served_tau, served_tau_tags
+from pipeline.serving_venv import serve_python
 from serve_eval import serve_check
-from serve_eval.decoding import Generation, Step
 from tests.tiny_models import save_tiny_eagle3, tiny_qwen3, tiny_tokenizer
 
 K = 3  # AR draft tokens; the block drafter's block is K + 1
@@ -287,9 +287,9 @@ def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
 def served(tmp_path_factory):
     """Tiny artifacts with head_dim 32 (vLLM's CPU attention rejects 8), exported by the export stage's own
     serving code, then `serve_check` run for real: three vLLM engines (no speculation, AR, block)."""
-    from export.stage import export_serving
+    from export.export import export_serving
     from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
-    from pipeline.drafters.registry import KINDS
+    from pipeline.drafters.kinds import KINDS
 
     work = tmp_path_factory.mktemp("serve_check")
     paths = ArtifactPaths.from_params(parse_params(yaml.safe_load(write_params(work).read_text())))

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
-from serve_eval.decoding import decode
+from pipeline.drafters.speculative_loop import decode
 from tests.tiny_models import tiny_qwen3
 
 VOCAB = 96

@@ -12,8 +12,8 @@ from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
 from pipeline.drafters.eagle3.model import build_drafter as build_eagle3
+from pipeline.drafters.speculative_loop import decode
 from pipeline.sampling import warp_probs
-from serve_eval.decoding import decode
 from tests.test_spec_loops import block_model
 from tests.tiny_models import tiny_qwen3
 

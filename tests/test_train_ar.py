@@ -76,7 +76,7 @@ def write_params(root: Path, trainer: dict, ar: dict | None = None) -> Path:
 def run_train(params_path: Path, timeout: float = 170) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MLFLOW_ENABLE_TELEMETRY": "false"}
     return subprocess.run(
-        [sys.executable, "-m", "train.stage", "--drafter", "ar", "--params", str(params_path)],
+        [sys.executable, "-m", "train.dispatch", "--drafter", "ar", "--params", str(params_path)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
     )
 
@@ -96,7 +96,7 @@ def assert_trained(root: Path, result: subprocess.CompletedProcess, steps: int) 
 
 def test_train_ar_auto_in_process(tmp_path):
     from pipeline.config import load_params
-    from train.ar_stage import run
+    from train.train_ar import run
 
     make_artifacts(tmp_path)
     params = load_params(write_params(tmp_path, {"max_steps": 30, "checkpoint_every_n_steps": 10}))
@@ -118,7 +118,7 @@ def test_train_ar_auto_in_process(tmp_path):
 
 def test_pretrained_init_with_other_vocabulary_is_refused(tmp_path):
     from pipeline.config import load_params
-    from train.ar_stage import run
+    from train.train_ar import run
 
     make_artifacts(tmp_path, rows_per_split=(2, 1, 1), new_tokens=4)
     other_tokenizer = tiny_tokenizer(vocab_size=300)

@@ -31,7 +31,7 @@ def _adam_steps(checkpoint: Path) -> int:
 def _start_training(params_path: Path) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MLFLOW_ENABLE_TELEMETRY": "false"}
     return subprocess.Popen(
-        [sys.executable, "-m", "train.stage", "--drafter", "ar", "--params", str(params_path)],
+        [sys.executable, "-m", "train.dispatch", "--drafter", "ar", "--params", str(params_path)],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
 

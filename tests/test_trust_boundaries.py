@@ -113,7 +113,7 @@ def test_verifier_with_auto_map_is_refused_unless_params_trust_it(project, tmp_p
 
 
 def _train(tmp_path, uri: str) -> int:
-    from train.stage import main as train_main
+    from train.dispatch import main as train_main
 
     (tmp_path / "params.yaml").write_text(json.dumps({"tracking": {"uri": uri},
                                                       "project": {"artifacts_dir": str(tmp_path / "artifacts")}}))
@@ -146,7 +146,7 @@ def test_train_fails_fast_on_an_unreachable_tracking_server(tmp_path, capsys):
 def test_a_foreign_sqlite_file_is_refused_and_left_untouched(tmp_path):
     import sqlite3
 
-    from pipeline.registry import Registry
+    from pipeline.promote.model_registry import Registry
 
     database = tmp_path / "mlflow.db"
     with sqlite3.connect(database) as connection:
@@ -161,7 +161,7 @@ def test_a_locked_store_is_reported_as_transient_never_as_one_to_discard(tmp_pat
     import sqlite3
 
     from pipeline import tracking
-    from pipeline.registry import Registry
+    from pipeline.promote.model_registry import Registry
 
     database = tmp_path / "mlflow.db"
     Registry(f"sqlite:///{database}")  # a real MLflow store

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 from data_prep.build_corpus import served_prompt_ids, work_items
-from data_prep.generate import generate_batch
+from data_prep.continuation import generate_batch
 from pipeline.config import CorpusConfig
+from pipeline.drafters.speculative_loop import decode
 from pipeline.integrity import stop_token_ids
-from serve_eval.decoding import decode
 from tests.tiny_models import tiny_llama, tiny_llama_tokenizer
 
 

@@ -10,7 +10,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor
 
 
-class AcceptanceTally:
+class AgreementCounts:
     """Per-draft-position hits/trials; rate_i = P(position i accepted | positions < i accepted)."""
 
     def __init__(self, positions: int):
@@ -67,7 +67,7 @@ class DraftAgreement:
     """Accumulates per-position matches of validation drafts (B, N, K) into the acceptance proxy."""
 
     def __init__(self, positions: int):
-        self.tally = AcceptanceTally(positions)
+        self.tally = AgreementCounts(positions)
         self.matched = torch.zeros(positions, dtype=torch.float64)
         self.counted = torch.zeros(positions, dtype=torch.float64)
 

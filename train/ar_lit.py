@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from pipeline.config import LossConfig, TrainerConfig
-from train.agreement import AcceptanceTally, simulated_acceptance_length
+from train.agreement import AgreementCounts, simulated_acceptance_length
 from train.frozen import FrozenVerifier
 from train.losses import mixture, needs_teacher
 from train.trainer import DrafterModule
@@ -54,7 +54,7 @@ def batch_signals(
     return loss, terms, match
 
 
-def agreement_summary(tally: AcceptanceTally, matched: float, counted: float) -> dict:
+def agreement_summary(tally: AgreementCounts, matched: float, counted: float) -> dict:
     rates = tally.rates()
     return {
         "top1_agreement": rates,
@@ -73,7 +73,7 @@ def evaluate_agreement(
     drafter.eval()
     device = next(drafter.parameters()).device
     verifier.to(device)
-    tally, matched, counted, loss_sum, batches_seen = AcceptanceTally(draft_tokens), 0.0, 0.0, 0.0, 0
+    tally, matched, counted, loss_sum, batches_seen = AgreementCounts(draft_tokens), 0.0, 0.0, 0.0, 0
     for batch in batches:
         batch = {name: tensor.to(device) for name, tensor in batch.items()}
         loss, _, match = batch_signals(drafter, verifier, batch, loss_cfg)
@@ -99,7 +99,7 @@ class ARDistillModule(DrafterModule):
         self.trainer_cfg = trainer_cfg
         self.draft_tokens = draft_tokens
         self.tokens_seen = 0
-        self._tally = AcceptanceTally(draft_tokens)
+        self._tally = AgreementCounts(draft_tokens)
         self._match_counts = torch.zeros(2, dtype=torch.float64)
 
     def on_fit_start(self) -> None:
@@ -117,7 +117,7 @@ class ARDistillModule(DrafterModule):
 
     def on_validation_epoch_start(self) -> None:
         self.verifier.to(self.device)
-        self._tally = AcceptanceTally(self.draft_tokens)
+        self._tally = AgreementCounts(self.draft_tokens)
         self._match_counts = torch.zeros(2, dtype=torch.float64)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_index: int) -> None:

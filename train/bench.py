@@ -26,8 +26,8 @@ from pipeline.config import Params
 from pipeline.drafters.ar.model import build_drafter
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import print_summary
-from train.ar_data import ARDataModule
 from train.ar_lit import ARDistillModule
+from train.corpus_data import ARDataModule
 from train.trainer import build_trainer
 
 STRATEGIES = ("auto", "deepspeed_stage_2")

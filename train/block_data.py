@@ -17,7 +17,7 @@ from datasets import Dataset
 from torch import Tensor
 
 from pipeline.errors import DraftlineError
-from train.ar_data import CorpusDataModule, bucketed_batches, row_sequence
+from train.corpus_data import CorpusDataModule, bucketed_batches, row_sequence
 
 
 def collate_rows(rows: Sequence[tuple[list[int], int]], pad_id: int) -> dict[str, Tensor]:

@@ -8,8 +8,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from pipeline.drafters.kind import Proposer
-from serve_eval.decoding import decode
+from pipeline.drafters.interface import Proposer
+from pipeline.drafters.speculative_loop import decode
 
 
 @torch.no_grad()

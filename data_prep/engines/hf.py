@@ -1,4 +1,4 @@
-"""Engine `hf`: the verifier in this process, batched with a KV cache (`data_prep.generate`)."""
+"""Engine `hf`: the verifier in this process, batched with a KV cache (`data_prep.continuation`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Callable, Sequence
 
 import transformers
 
+from data_prep.continuation import generate_batch
 from data_prep.engines import Request, Result
-from data_prep.generate import generate_batch
 from pipeline.integrity import stop_token_ids
 
 

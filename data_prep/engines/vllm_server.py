@@ -24,7 +24,7 @@ from typing import Iterator
 
 from pipeline.config import VllmConfig
 from pipeline.errors import DraftlineError
-from pipeline.serve_env import serve_python
+from pipeline.serving_venv import serve_python
 
 STOP_GRACE_S = 20.0
 PR_SET_PDEATHSIG = 1

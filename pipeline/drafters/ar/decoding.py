@@ -8,17 +8,12 @@ after a rejection.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-import onnxruntime as ort
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from pipeline.config import SamplingConfig
-from pipeline.drafters.ar import onnx
-from pipeline.drafters.onnx_io import IOSpec, empty_kv, read_export
 from pipeline.kv_cache import crop_cache
 from pipeline.sampling import sample, warp_probs
 
@@ -68,40 +63,6 @@ class TorchARDrafter:
 
     def crop(self, length: int) -> None:
         crop_cache(self.cache, length)
-
-
-class OnnxARDrafter:
-    """`ARDraftBackend` over an exported AR drafter; the cache is the list of `present_*` arrays."""
-
-    name = "onnx"
-
-    def __init__(self, session: ort.InferenceSession, spec: IOSpec):
-        self.session = session
-        self.spec = spec
-        self.cache: list[np.ndarray] = []
-        self.reset()
-
-    @property
-    def cache_length(self) -> int:
-        return int(self.cache[0].shape[2])
-
-    def reset(self) -> None:
-        self.cache = empty_kv(self.spec, 1)
-
-    def forward(self, token_ids: list[int]) -> torch.Tensor:
-        named = onnx.feeds(self.spec, np.asarray([token_ids]), self.cache)
-        outputs = dict(zip(self.spec.output_names, self.session.run(self.spec.output_names, named)))
-        self.cache = [outputs[name] for name in self.spec.kv_output_names]
-        return torch.from_numpy(np.ascontiguousarray(outputs["logits"][0, -1])).float()
-
-    def crop(self, length: int) -> None:
-        if length > self.cache_length:
-            raise ValueError(f"cannot crop a cache of {self.cache_length} tokens to {length}")
-        self.cache = [c[:, :, :length] for c in self.cache]
-
-
-def load_onnx_drafter(export_dir: Path, providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> OnnxARDrafter:
-    return OnnxARDrafter(*read_export(export_dir, "ar", providers))
 
 
 class ARProposer:

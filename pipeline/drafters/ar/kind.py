@@ -9,15 +9,16 @@ from transformers import PreTrainedModel
 
 from pipeline.config import EvaluateConfig, ProfileConfig
 from pipeline.drafters.ar import onnx, serving
-from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter, load_onnx_drafter
+from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
 from pipeline.drafters.ar.model import load_drafter
-from pipeline.drafters.kind import DrafterKind, Launch, LoadedDrafter, OnnxExport, OnnxJob
+from pipeline.drafters.ar.onnx import load_onnx_drafter
+from pipeline.drafters.interface import DrafterKind, Launch, LoadedDrafter, OnnxExport, OnnxJob
 from pipeline.drafters.onnx_io import IOSpec
 
 
 class ARKind:
     name = "ar"
-    train_stage = "train.ar_stage"
+    train_stage = "train.train_ar"
 
     def serving_layout(self, serving_dir: Path) -> dict:
         return serving.serving_layout(serving_dir)

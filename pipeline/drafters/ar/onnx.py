@@ -8,6 +8,7 @@ next token (PyTorch's argmax) so the two paths stay comparable step by step.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -18,7 +19,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from pipeline.config import ProfileConfig
 from pipeline.drafters.ar.model import load_drafter
-from pipeline.drafters.kind import OnnxExport, OnnxJob
+from pipeline.drafters.interface import OnnxExport, OnnxJob
 from pipeline.drafters.onnx_io import (
     BATCH,
     PAST,
@@ -33,6 +34,7 @@ from pipeline.drafters.onnx_io import (
     kv_tensors,
     ort_session,
     random_kv,
+    read_export,
     run_session,
     run_wrapper,
 )
@@ -138,3 +140,40 @@ def opt_feeds(spec: IOSpec, profile: ProfileConfig, seed: int) -> dict[str, torc
     generator = torch.Generator().manual_seed(seed)
     batch, new, cached = max(1, profile.batch[1]), max(1, profile.seq[1]), max(1, profile.past[1])
     return {name: torch.as_tensor(value) for name, value in random_feeds(spec, batch, new, cached, generator).items()}
+
+
+# --------------------------------------------------------------------------- ONNX Runtime drafter
+
+
+class OnnxARDrafter:
+    """`ARDraftBackend` over an exported AR drafter; the cache is the list of `present_*` arrays."""
+
+    name = "onnx"
+
+    def __init__(self, session: ort.InferenceSession, spec: IOSpec):
+        self.session = session
+        self.spec = spec
+        self.cache: list[np.ndarray] = []
+        self.reset()
+
+    @property
+    def cache_length(self) -> int:
+        return int(self.cache[0].shape[2])
+
+    def reset(self) -> None:
+        self.cache = empty_kv(self.spec, 1)
+
+    def forward(self, token_ids: list[int]) -> torch.Tensor:
+        named = feeds(self.spec, np.asarray([token_ids]), self.cache)
+        outputs = dict(zip(self.spec.output_names, self.session.run(self.spec.output_names, named)))
+        self.cache = [outputs[name] for name in self.spec.kv_output_names]
+        return torch.from_numpy(np.ascontiguousarray(outputs["logits"][0, -1])).float()
+
+    def crop(self, length: int) -> None:
+        if length > self.cache_length:
+            raise ValueError(f"cannot crop a cache of {self.cache_length} tokens to {length}")
+        self.cache = [c[:, :, :length] for c in self.cache]
+
+
+def load_onnx_drafter(export_dir: Path, providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> OnnxARDrafter:
+    return OnnxARDrafter(*read_export(export_dir, "ar", providers))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.drafters.kind import Launch
-from pipeline.drafters.served import (
+from pipeline.drafters.interface import Launch
+from pipeline.drafters.served_checks import (
     check_plain_autoconfig,
     layer_weights,
     read_config,

@@ -3,19 +3,26 @@ Runtime) and its proposer, which drafts block_size − 1 tokens per verifier ste
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Protocol
 
-import numpy as np
-import onnxruntime as ort
 import torch
 from transformers import PreTrainedModel
 
 from pipeline.config import SamplingConfig
-from pipeline.drafters.block import onnx
-from pipeline.drafters.block.model import DFlashDraftModel, load_drafter
-from pipeline.drafters.onnx_io import IOSpec, read_export
-from pipeline.errors import DraftlineError
+from pipeline.drafters.block.model import DFlashDraftModel
 from pipeline.sampling import warp_probs
+
+
+class BlockDraftBackend(Protocol):
+    """What `BlockProposer` drives: `BlockDrafter` here, or the ONNX Runtime drafter (`block/onnx.py`)."""
+
+    block_size: int
+
+    def reset(self) -> None: ...
+
+    def extend(self, hidden_states: tuple[torch.Tensor, ...], first_position: int, count: int) -> None: ...
+
+    def draft(self, anchor_id: int, anchor_position: int) -> torch.Tensor: ...
 
 
 class BlockDrafter:
@@ -60,60 +67,6 @@ class BlockDrafter:
         return logits[0]
 
 
-class OnnxBlockDrafter:
-    """The DFlash drafter on ONNX Runtime, interchangeable with `BlockDrafter` in `BlockProposer`.
-
-    `extend` fuses the verifier's hidden states with the drafter's `fc`/`hidden_norm` (PyTorch, one
-    matmul) and holds them until the next `draft`, which appends them to the cached context K/V in
-    the same ONNX call that drafts the block.
-    """
-
-    def __init__(self, session: ort.InferenceSession, spec: IOSpec, fuser: DFlashDraftModel):
-        self.session = session
-        self.spec = spec
-        self.fuser = fuser
-        self.block_size = int(fuser.config.block_size)
-        self.reset()
-
-    def reset(self) -> None:
-        self.positions, self.cache = onnx.empty_context(self.spec, 1)
-        self.pending: list[np.ndarray] = []
-        self.context_length = 0
-
-    @torch.inference_mode()
-    def extend(self, hidden_states: tuple[torch.Tensor, ...], first_position: int, count: int) -> None:
-        if count == 0:
-            return
-        assert first_position == self.context_length, "context features must stay contiguous"
-        features = self.fuser.fuse_target_hidden(tuple(h[:, :count] for h in hidden_states))
-        self.pending.append(features.float().cpu().numpy())
-        self.context_length += count
-
-    def draft(self, anchor_id: int, anchor_position: int) -> torch.Tensor:
-        if not self.pending:
-            raise ValueError("the ONNX block drafter needs new context features before each draft")
-        features = np.concatenate(self.pending, axis=1)
-        start = int(self.positions.shape[1])
-        positions = np.arange(start, start + features.shape[1], dtype=np.int64)[None]
-        assert positions[0, -1] + 1 == anchor_position, "the anchor follows the committed context"
-        named = onnx.feeds(self.spec, features, positions, [anchor_id], self.positions, self.cache)
-        outputs = dict(zip(self.spec.output_names, self.session.run(self.spec.output_names, named)))
-        self.positions = outputs["present_context_positions"]
-        self.cache = [outputs[name] for name in self.spec.kv_output_names]
-        self.pending = []
-        return torch.from_numpy(outputs["logits"][0])
-
-
-def load_onnx_drafter(export_dir: Path, denoise_steps: int = 1,
-                      providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> OnnxBlockDrafter:
-    if denoise_steps != 1:
-        raise DraftlineError(f"the ONNX block drafter runs one DFlash pass per block; set evaluate.denoise_steps: 1 "
-                             f"(got {denoise_steps}) or evaluate.backend: torch")
-    session, spec = read_export(export_dir, "block", providers)
-    # the fusing projection (fc, hidden_norm) runs in PyTorch from the served checkpoint
-    return OnnxBlockDrafter(session, spec, load_drafter(Path(export_dir) / "serving"))
-
-
 class BlockProposer:
     """B−1 tokens in one DFlash drafter pass from cached verifier features.
 
@@ -125,7 +78,7 @@ class BlockProposer:
 
     uses_hidden_states = True
 
-    def __init__(self, drafter: BlockDrafter | OnnxBlockDrafter):
+    def __init__(self, drafter: BlockDraftBackend):
         self.drafter = drafter
         self.draft_tokens = drafter.block_size - 1
 

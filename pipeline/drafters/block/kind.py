@@ -10,15 +10,16 @@ from transformers import PreTrainedModel
 
 from pipeline.config import EvaluateConfig, ProfileConfig
 from pipeline.drafters.block import onnx, serving
-from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer, load_onnx_drafter
+from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.model import load_drafter
-from pipeline.drafters.kind import DrafterKind, Launch, LoadedDrafter, OnnxExport, OnnxJob
+from pipeline.drafters.block.onnx import load_onnx_drafter
+from pipeline.drafters.interface import DrafterKind, Launch, LoadedDrafter, OnnxExport, OnnxJob
 from pipeline.drafters.onnx_io import IOSpec
 
 
 class BlockKind:
     name = "block"
-    train_stage = "train.block_stage"
+    train_stage = "train.train_block"
 
     def serving_layout(self, serving_dir: Path) -> dict:
         return serving.serving_layout(serving_dir)

@@ -3,18 +3,28 @@ proposer, which drafts k tokens one by one, each step continuing from the head's
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Protocol
 
-import numpy as np
-import onnxruntime as ort
 import torch
 from transformers import PreTrainedModel
 
 from pipeline.config import SamplingConfig
-from pipeline.drafters.eagle3 import onnx
-from pipeline.drafters.eagle3.model import Eagle3Cache, Eagle3DraftModel, load_drafter
-from pipeline.drafters.onnx_io import IOSpec, read_export
+from pipeline.drafters.eagle3.model import Eagle3Cache, Eagle3DraftModel
 from pipeline.sampling import warp_probs
+
+
+class Eagle3HeadBackend(Protocol):
+    """What `Eagle3Proposer` drives: `TorchEagle3Head` here, or the ONNX Runtime head (`eagle3/onnx.py`)."""
+
+    def reset(self) -> None: ...
+
+    def length(self) -> int: ...
+
+    def crop(self, length: int) -> None: ...
+
+    def fuse(self, hidden_states: tuple[torch.Tensor | None, ...], count: int) -> torch.Tensor: ...
+
+    def run(self, hidden: torch.Tensor, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class TorchEagle3Head:
@@ -48,45 +58,6 @@ class TorchEagle3Head:
         return state, self.model.full_vocab_logits(self.model.logits(state))
 
 
-class OnnxEagle3Head:
-    """The head's step on ONNX Runtime (embedding and LM head inside the graph), interchangeable with
-    `TorchEagle3Head`; the fusing `fc` (one matmul) runs in PyTorch from the served checkpoint."""
-
-    name = "onnx"
-
-    def __init__(self, session: ort.InferenceSession, spec: IOSpec, fuser: Eagle3DraftModel):
-        self.session = session
-        self.spec = spec
-        self.fuser = fuser
-        self.reset()
-
-    def reset(self) -> None:
-        self.past = onnx.empty_past(self.spec)
-
-    @property
-    def length(self) -> int:
-        return int(self.past[0].shape[2])
-
-    def crop(self, length: int) -> None:
-        self.past = [t[:, :, :length] for t in self.past]
-
-    @torch.inference_mode()
-    def fuse(self, hidden_states: tuple[torch.Tensor | None, ...], count: int) -> torch.Tensor:
-        aux = self.fuser.aux_hidden(tuple(None if h is None else h[:, :count].cpu() for h in hidden_states))
-        return self.fuser.fc(aux).float()
-
-    def run(self, hidden: torch.Tensor, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        named = onnx.feeds(self.spec, hidden.float().cpu().numpy(), np.asarray([token_ids]), self.past)
-        outputs = dict(zip(self.spec.output_names, self.session.run(self.spec.output_names, named)))
-        self.past = [outputs[name] for name in self.spec.kv_output_names]
-        return torch.from_numpy(outputs["state"]), torch.from_numpy(outputs["logits"])
-
-
-def load_onnx_head(export_dir: Path, providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> OnnxEagle3Head:
-    session, spec = read_export(export_dir, "eagle3", providers)
-    return OnnxEagle3Head(session, spec, load_drafter(Path(export_dir) / "serving"))
-
-
 class Eagle3Proposer:
     """Position t of the head needs the verifier's features of t and the token at t+1, so `observe`
     only holds the new features; `propose`, which knows the committed tokens, runs them into the cache
@@ -101,7 +72,7 @@ class Eagle3Proposer:
 
     uses_hidden_states = True
 
-    def __init__(self, head: TorchEagle3Head | OnnxEagle3Head, draft_tokens: int):
+    def __init__(self, head: Eagle3HeadBackend, draft_tokens: int):
         self.head = head
         self.draft_tokens = draft_tokens
         self.reset()

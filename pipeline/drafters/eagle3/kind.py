@@ -10,16 +10,17 @@ from transformers import PreTrainedModel
 
 from pipeline.config import EvaluateConfig, ProfileConfig
 from pipeline.drafters.eagle3 import onnx, serving
-from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head, load_onnx_head
+from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
 from pipeline.drafters.eagle3.model import load_drafter
-from pipeline.drafters.kind import DrafterKind, Launch, LoadedDrafter, OnnxExport, OnnxJob
+from pipeline.drafters.eagle3.onnx import load_onnx_head
+from pipeline.drafters.interface import DrafterKind, Launch, LoadedDrafter, OnnxExport, OnnxJob
 from pipeline.drafters.onnx_io import IOSpec
-from pipeline.drafters.served import trained_draft_tokens
+from pipeline.drafters.served_checks import trained_draft_tokens
 
 
 class Eagle3Kind:
     name = "eagle3"
-    train_stage = "train.eagle3_stage"
+    train_stage = "train.train_eagle3"
 
     def serving_layout(self, serving_dir: Path) -> dict:
         return serving.serving_layout(serving_dir)

@@ -10,6 +10,7 @@ each runtime getting its *own* previous cache; both get PyTorch's argmax as the 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -19,7 +20,7 @@ from torch import nn
 
 from pipeline.config import ProfileConfig
 from pipeline.drafters.eagle3.model import Eagle3DraftModel, load_drafter
-from pipeline.drafters.kind import OnnxExport, OnnxJob
+from pipeline.drafters.interface import OnnxExport, OnnxJob
 from pipeline.drafters.onnx_io import (
     BATCH,
     PAST,
@@ -34,6 +35,7 @@ from pipeline.drafters.onnx_io import (
     kv_tensors,
     ort_session,
     random_kv,
+    read_export,
     run_session,
     run_wrapper,
 )
@@ -132,3 +134,45 @@ def opt_feeds(spec: IOSpec, profile: ProfileConfig, seed: int) -> dict[str, torc
     generator = torch.Generator().manual_seed(seed)
     batch, new, cached = max(1, profile.batch[1]), max(1, profile.seq[1]), max(1, profile.past[1])
     return {name: torch.as_tensor(value) for name, value in random_feeds(spec, batch, new, cached, generator).items()}
+
+
+# --------------------------------------------------------------------------- ONNX Runtime drafter
+
+
+class OnnxEagle3Head:
+    """The head's step on ONNX Runtime (embedding and LM head inside the graph), interchangeable with
+    `TorchEagle3Head`; the fusing `fc` (one matmul) runs in PyTorch from the served checkpoint."""
+
+    name = "onnx"
+
+    def __init__(self, session: ort.InferenceSession, spec: IOSpec, fuser: Eagle3DraftModel):
+        self.session = session
+        self.spec = spec
+        self.fuser = fuser
+        self.reset()
+
+    def reset(self) -> None:
+        self.past = empty_past(self.spec)
+
+    @property
+    def length(self) -> int:
+        return int(self.past[0].shape[2])
+
+    def crop(self, length: int) -> None:
+        self.past = [t[:, :, :length] for t in self.past]
+
+    @torch.inference_mode()
+    def fuse(self, hidden_states: tuple[torch.Tensor | None, ...], count: int) -> torch.Tensor:
+        aux = self.fuser.aux_hidden(tuple(None if h is None else h[:, :count].cpu() for h in hidden_states))
+        return self.fuser.fc(aux).float()
+
+    def run(self, hidden: torch.Tensor, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        named = feeds(self.spec, hidden.float().cpu().numpy(), np.asarray([token_ids]), self.past)
+        outputs = dict(zip(self.spec.output_names, self.session.run(self.spec.output_names, named)))
+        self.past = [outputs[name] for name in self.spec.kv_output_names]
+        return torch.from_numpy(outputs["state"]), torch.from_numpy(outputs["logits"])
+
+
+def load_onnx_head(export_dir: Path, providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> OnnxEagle3Head:
+    session, spec = read_export(export_dir, "eagle3", providers)
+    return OnnxEagle3Head(session, spec, load_drafter(Path(export_dir) / "serving"))

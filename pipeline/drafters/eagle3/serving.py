@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.drafters.kind import Launch
-from pipeline.drafters.served import (
+from pipeline.drafters.interface import Launch
+from pipeline.drafters.served_checks import (
     HINT,
     check_plain_autoconfig,
     layer_weights,

@@ -17,14 +17,14 @@ import torch
 
 from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier, model_location, read_record, verifier_identity
-from export import serving, tensorrt_build
+from export import launch_files, tensorrt_build
 from export.manifest import build_manifest
 from pipeline.atomic import atomic_dir, write_json_atomic, write_text_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params
-from pipeline.drafters.kind import DrafterKind, OnnxExport, OnnxJob
+from pipeline.drafters.interface import DrafterKind, OnnxExport, OnnxJob
+from pipeline.drafters.kinds import KINDS
 from pipeline.drafters.onnx_io import MANIFEST_NAME, ParityReport, export_onnx, ort_session, run_session, with_float_dtype
-from pipeline.drafters.registry import KINDS
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer, load_tokenizer
 from pipeline.lineage import git_commit, library_versions, model_identity, read_json
@@ -90,14 +90,14 @@ def _tensorrt(kind: DrafterKind, exported: OnnxExport, out: Path, params: Params
 def export_serving(kind: DrafterKind, drafter_dir: Path, out: Path, target: Path, verifier: str, verifier_tok) -> dict:
     """`serving/` (checked as the serving stacks load it), `launch.md` and `vllm.json` under `out`, which
     becomes `target`; returns the served config."""
-    serving_dir = out / serving.SERVING_DIR
-    serving.copy_checkpoint(drafter_dir, serving_dir)
+    serving_dir = out / launch_files.SERVING_DIR
+    launch_files.copy_checkpoint(drafter_dir, serving_dir)
     config = kind.serving_layout(serving_dir)
     what = f"{kind.name} drafter"
     check_same_tokenizer(verifier_tok, load_tokenizer(serving_dir, what, f"retrain it (`dvc repro train_{kind.name}`)"), what)
-    launch = kind.launch(config, verifier, (target / serving.SERVING_DIR).resolve(), drafter_dir)
-    write_text_atomic(out / serving.LAUNCH_NAME, launch.markdown)
-    write_json_atomic(out / serving.VLLM_NAME, serving.vllm_job(verifier, launch))
+    launch = kind.launch(config, verifier, (target / launch_files.SERVING_DIR).resolve(), drafter_dir)
+    write_text_atomic(out / launch_files.LAUNCH_NAME, launch.markdown)
+    write_json_atomic(out / launch_files.VLLM_NAME, launch_files.vllm_job(verifier, launch))
     return config
 
 
@@ -108,7 +108,7 @@ def export_kind(kind: DrafterKind, params: Params, paths: ArtifactPaths, verifie
     check_drafter_matches_verifier(drafter_dir, verifier.config, f"{kind.name} drafter at {drafter_dir}",
                                    f"retrain it (`dvc repro train_{kind.name}`)")
     with atomic_dir(target) as out:
-        serving_dir = out / serving.SERVING_DIR
+        serving_dir = out / launch_files.SERVING_DIR
         export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), verifier_tok)
         exported = kind.export_onnx(OnnxJob(drafter_dir, serving_dir, out, params.export, params.project.seed,
                                             texts, verifier))

@@ -23,8 +23,7 @@ from pipeline.config import DRAFTER_NAMES, Params
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
-from pipeline.promote import Evaluation, comparisons_table, gate_version
-from pipeline.registry import (
+from pipeline.promote.model_registry import (
     CHAMPION,
     PREVIOUS_CHAMPION,
     TAG_GATE,
@@ -36,6 +35,7 @@ from pipeline.registry import (
     registered_model_name,
     registry_lock,
 )
+from pipeline.promote.promote import Evaluation, comparisons_table, gate_version
 from pipeline.tracking import tracking_uri
 
 TAG_FORCED_REASON = "gate.forced_reason"

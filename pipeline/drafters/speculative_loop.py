@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from pipeline.config import SamplingConfig
-from pipeline.drafters.kind import Proposer
+from pipeline.drafters.interface import Proposer
 from pipeline.kv_cache import crop_cache
 from pipeline.sampling import greedy_accept, rejection_accept, stop_set, warp_probs
 

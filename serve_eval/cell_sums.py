@@ -5,11 +5,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from serve_eval.decoding import Generation
+from pipeline.drafters.speculative_loop import Generation
 
 
 @dataclass
-class Tally:
+class CellSums:
     """Sums over the prompts of one drafter x temperature x domain cell."""
 
     prompts: int = 0

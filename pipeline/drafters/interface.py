@@ -1,5 +1,5 @@
 """The interface every drafter kind implements (`pipeline/drafters/<kind>/kind.py`), and what the
-stages exchange with it. Stages iterate over kinds through `pipeline.drafters.registry`; nothing
+stages exchange with it. Stages iterate over kinds through `pipeline.drafters.kinds`; nothing
 outside a kind's package branches on its name.
 """
 
@@ -18,7 +18,7 @@ from pipeline.drafters.onnx_io import IOSpec, ParityReport
 
 
 class Proposer(Protocol):
-    """A drafter as the decoding loop (`serve_eval.decoding.decode`) drives it, batch size 1."""
+    """A drafter as the decoding loop (`pipeline.drafters.speculative_loop.decode`) drives it, batch size 1."""
 
     uses_hidden_states: bool  # wants the verifier's hidden states of committed positions (`observe`)
     draft_tokens: int  # drafts per verifier step

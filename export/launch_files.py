@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pipeline.drafters.kind import Launch
+from pipeline.drafters.interface import Launch
 from pipeline.errors import DraftlineError
 
 SERVING_DIR = "serving"

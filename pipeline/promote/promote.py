@@ -34,12 +34,12 @@ from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import DRAFTER_NAMES, Params, ServeCheckConfig
 from pipeline.errors import DraftlineError, redact_url
-from pipeline.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics, is_finite
 from pipeline.integrity import measured_artifacts, safetensors_shapes, verify_manifest
 from pipeline.lineage import hash_file, library_versions, model_identity, read_json, version_tags
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
-from pipeline.registry import (
+from pipeline.promote.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics, is_finite
+from pipeline.promote.model_registry import (
     CHAMPION,
     PREVIOUS_CHAMPION,
     TAG_ARTIFACT,

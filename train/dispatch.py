@@ -9,7 +9,7 @@ from typing import Sequence
 
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import DRAFTER_NAMES, Params
-from pipeline.drafters.registry import KINDS
+from pipeline.drafters.kinds import KINDS
 
 
 def run(params: Params, args: argparse.Namespace) -> object:

@@ -13,8 +13,8 @@ from typing import Sequence
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config import Params
 from pipeline.drafters.ar.model import build_drafter, check_same_vocabulary
-from train.ar_data import ARDataModule
 from train.ar_lit import ARDistillModule, evaluate_agreement
+from train.corpus_data import ARDataModule
 from train.distill import DrafterRecipe, distill
 from train.trainer import resolve_budget
 

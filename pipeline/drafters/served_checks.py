@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from pipeline.errors import DraftlineError
 from pipeline.lineage import read_json
-from pipeline.serve_env import serve_python
+from pipeline.serving_venv import serve_python
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 LAYER_WEIGHTS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",

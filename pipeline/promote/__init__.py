@@ -1,0 +1,1 @@
+"""The promote stage: the promotion gate, the MLflow model registry, and `draftline registry`."""
