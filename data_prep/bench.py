@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from data_prep.bootstrap_verifier import build_model
+from data_prep.build_corpus import CorpusParams
 from data_prep.continuation import generate_batch
 from data_prep.engines import Request
 from data_prep.engines.openai_client import OpenAIEngine
@@ -28,12 +29,12 @@ from data_prep.sources import Prompt, stable_order, stdlib_code_prompts, stdlib_
 from data_prep.tokenizer import train_bpe_tokenizer
 from data_prep.verifier import load_verifier, model_location, read_record
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params, SamplingConfig
+from pipeline.config.sampling_config import SamplingConfig
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 
 
-def bench_model(params: Params):
+def bench_model(params: CorpusParams):
     paths = ArtifactPaths.from_params(params)
     if (paths.verifier / "verifier.json").is_file():
         model, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
@@ -106,7 +107,7 @@ def vllm_tokens(engine: OpenAIEngine, prompts: list[list[int]], max_new_tokens: 
     return sum(len(result.response_ids) for result in engine.generate(requests, lambda n: None))
 
 
-def run_vllm(params: Params, args: argparse.Namespace, model, tokenizer, what: str,
+def run_vllm(params: CorpusParams, args: argparse.Namespace, model, tokenizer, what: str,
              prompts: list[list[int]]) -> None:
     """HF batched vs `vllm serve` on the same prompts, greedy, after a warm-up of each.
 
@@ -144,7 +145,7 @@ def run_vllm(params: Params, args: argparse.Namespace, model, tokenizer, what: s
     print(f"HF batched {hf_rate:.1f} tok/s, vLLM {vllm_rate:.1f} tok/s, ratio {vllm_rate / hf_rate:.2f}x")
 
 
-def run(params: Params, args: argparse.Namespace) -> None:
+def run(params: CorpusParams, args: argparse.Namespace) -> None:
     model, tokenizer, what = bench_model(params)
     prompts = bench_prompts(tokenizer, args.prompts, params.corpus.prompt_max_tokens)
     info(f"benchmark model: {what}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
@@ -179,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="--engine vllm: alternating rounds, best kept")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                         help="hf: batched vs naive HF loop; vllm: HF batched vs vllm serve (needs make serve-env)")
-    return run_stage(parser, run, argv)
+    return run_stage(parser, CorpusParams, run, argv)
 
 
 if __name__ == "__main__":

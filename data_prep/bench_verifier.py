@@ -24,9 +24,9 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
-from data_prep.bootstrap_verifier import build_model, make_optimizer, torch_threads, train_step
+from data_prep.bootstrap_verifier import VerifierParams, build_model, make_optimizer, torch_threads, train_step
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import BootstrapConfig, Params
+from pipeline.config.verifier_config import BootstrapConfig
 from pipeline.progress import info, print_summary
 
 BASELINE_OVERRIDES = {"vocab_size": 4096, "seq_len": 128, "batch_size": 8}
@@ -97,7 +97,7 @@ def decode_seconds(config: BootstrapConfig, threads: int, seed: int, context: in
         return (time.perf_counter() - start) / steps
 
 
-def run(params: Params, args: argparse.Namespace) -> None:
+def run(params: VerifierParams, args: argparse.Namespace) -> None:
     configured = params.verifier.bootstrap
     baseline = configured.model_copy(update=BASELINE_OVERRIDES)
     cores = torch.get_num_threads()
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("python -m data_prep.bench_verifier", __doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="timed training steps per config")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocator, caches)")
-    return run_stage(parser, run, argv)
+    return run_stage(parser, VerifierParams, run, argv)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,16 @@ from data_prep.tokenizer import train_bpe_tokenizer
 from data_prep.verifier import load_model_and_tokenizer, write_record
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import BootstrapConfig, Params, SplitConfig, VerifierConfig
+from pipeline.config.corpus_config import SplitConfig
+from pipeline.config.stage_params import StageParams
+from pipeline.config.verifier_config import BootstrapConfig, VerifierConfig
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
+
+
+class VerifierParams(StageParams):
+    verifier: VerifierConfig = VerifierConfig()
 
 VALIDATION_FRACTION = 50  # 1/50 of each stream, its tail (whole modules/topics unseen in training)
 VALIDATION_BATCHES = 4
@@ -253,7 +259,7 @@ def targets(final: dict, loops: dict) -> dict:
 # --------------------------------------------------------------------------- stage
 
 
-def bootstrap(params: Params, paths: ArtifactPaths) -> None:
+def bootstrap(params: VerifierParams, paths: ArtifactPaths) -> None:
     config = params.verifier.bootstrap
     seed = params.project.seed
     stage_start = time.perf_counter()
@@ -316,7 +322,7 @@ def resolve_external(config: VerifierConfig) -> Path:
         ) from None
 
 
-def record_external(params: Params, paths: ArtifactPaths) -> None:
+def record_external(params: VerifierParams, paths: ArtifactPaths) -> None:
     config = params.verifier
     location = resolve_external(config)
     model, _ = load_model_and_tokenizer(str(location), config.dtype, config.trust_remote_code)
@@ -329,7 +335,7 @@ def record_external(params: Params, paths: ArtifactPaths) -> None:
     })
 
 
-def run(params: Params, args: argparse.Namespace) -> None:
+def run(params: VerifierParams, args: argparse.Namespace) -> None:
     paths = ArtifactPaths.from_params(params)
     if params.verifier.source == "hf":
         record_external(params, paths)
@@ -339,7 +345,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline bootstrap_verifier", __doc__.splitlines()[0])
-    return run_stage(parser, run, argv)
+    return run_stage(parser, VerifierParams, run, argv)
 
 
 if __name__ == "__main__":

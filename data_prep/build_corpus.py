@@ -34,12 +34,20 @@ from data_prep.sources import collect_prompts, split_of, stable_hash
 from data_prep.verifier import load_verifier, model_location, read_record, verifier_identity
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import CorpusConfig, Params, SamplingConfig
+from pipeline.config.corpus_config import CorpusConfig
+from pipeline.config.sampling_config import SamplingConfig
+from pipeline.config.stage_params import StageParams
+from pipeline.config.verifier_config import VerifierConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import load_pretrained
 from pipeline.lineage import library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
+
+
+class CorpusParams(StageParams):
+    verifier: VerifierConfig = VerifierConfig()
+    corpus: CorpusConfig = CorpusConfig()
 
 FEATURES = datasets.Features({
     "id": datasets.Value("string"),
@@ -326,7 +334,7 @@ def corpus_stats(rows: list[dict]) -> dict:
     }
 
 
-def run(params: Params, args: argparse.Namespace) -> None:
+def run(params: CorpusParams, args: argparse.Namespace) -> None:
     config = params.corpus
     paths = ArtifactPaths.from_params(params)
     start = time.perf_counter()
@@ -391,7 +399,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline build_corpus", __doc__.splitlines()[0])
-    return run_stage(parser, run, argv)
+    return run_stage(parser, CorpusParams, run, argv)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Collection, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from pipeline.config import SamplingConfig
+from pipeline.config.sampling_config import SamplingConfig
 from pipeline.sampling import stop_set, warp_probs
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from data_prep.stdlib_text import docstrings, paragraphs, pydoc_topic_paragraphs, read_source, stdlib_source_files
-from pipeline.config import DOMAIN_PATTERN, CorpusConfig, PromptSourceConfig, SplitConfig
+from pipeline.config.base import DOMAIN_PATTERN
+from pipeline.config.corpus_config import CorpusConfig, PromptSourceConfig, SplitConfig
 from pipeline.errors import DraftlineError
 from pipeline.progress import info
 

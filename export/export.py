@@ -21,7 +21,9 @@ from export import launch_files, tensorrt_build
 from export.manifest import build_manifest
 from pipeline.atomic import atomic_dir, write_json_atomic, write_text_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
+from pipeline.config.export_config import ExportConfig
+from pipeline.config.stage_params import StageParams
+from pipeline.config.verifier_config import VerifierConfig
 from pipeline.drafters.interface import DrafterKind, OnnxExport, OnnxJob
 from pipeline.drafters.kinds import KINDS
 from pipeline.drafters.onnx_io import MANIFEST_NAME, ParityReport, export_onnx, ort_session, run_session, with_float_dtype
@@ -31,10 +33,15 @@ from pipeline.lineage import git_commit, library_versions, model_identity, read_
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 
+
+class ExportParams(StageParams):
+    verifier: VerifierConfig = VerifierConfig()
+    export: ExportConfig = ExportConfig()
+
 PARITY_NAME = "parity.json"
 
 
-def _drafter_lineage(drafter_dir: Path, params: Params) -> dict:
+def _drafter_lineage(drafter_dir: Path, params: ExportParams) -> dict:
     training = drafter_dir / "training.json"
     recorded = read_json(training).get("lineage", {}) if training.is_file() else {}
     return {**recorded, "drafter_hash": model_identity(drafter_dir), "export_params_hash": params.section_hash("export"),
@@ -47,7 +54,7 @@ def _serving_verifier(paths: ArtifactPaths) -> str:
     return str(Path(location).resolve()) if Path(location).exists() else location
 
 
-def _parity_texts(params: Params, paths: ArtifactPaths) -> list[tuple[list[int], list[int]]]:
+def _parity_texts(params: ExportParams, paths: ArtifactPaths) -> list[tuple[list[int], list[int]]]:
     """(prompt_ids, response_ids) of the first test prompts of the corpus."""
     test = load_corpus(paths)["test"]
     count = min(params.export.parity_prompts, len(test))
@@ -57,7 +64,7 @@ def _parity_texts(params: Params, paths: ArtifactPaths) -> list[tuple[list[int],
     return [(list(p), list(r)) for p, r in zip(rows["prompt_ids"], rows["response_ids"])]
 
 
-def _tensorrt(kind: DrafterKind, exported: OnnxExport, out: Path, params: Params,
+def _tensorrt(kind: DrafterKind, exported: OnnxExport, out: Path, params: ExportParams,
               skip_reason: str | None) -> tuple[dict | None, str | None]:
     """Build the engine and run it once against ONNX Runtime; returns (engine record, skip reason)."""
     if skip_reason:
@@ -101,7 +108,7 @@ def export_serving(kind: DrafterKind, drafter_dir: Path, out: Path, target: Path
     return config
 
 
-def export_kind(kind: DrafterKind, params: Params, paths: ArtifactPaths, verifier, verifier_tok, identity: dict,
+def export_kind(kind: DrafterKind, params: ExportParams, paths: ArtifactPaths, verifier, verifier_tok, identity: dict,
                 texts, trt_skip: str | None) -> dict:
     drafter_dir = paths.drafter(kind.name)
     target = paths.export(kind.name)
@@ -131,7 +138,7 @@ def export_kind(kind: DrafterKind, params: Params, paths: ArtifactPaths, verifie
             f"{name} parity cases": len(report.cases), f"{name} tensorrt": "built" if engine else f"skipped ({skip_reason})"}
 
 
-def run(params: Params, args: argparse.Namespace) -> None:
+def run(params: ExportParams, args: argparse.Namespace) -> None:
     paths = ArtifactPaths.from_params(params)
     trt_skip = tensorrt_build.check_tensorrt_mode(params.export)  # `required` fails before any work
     kinds = [KINDS[name] for name in params.export.kinds]
@@ -151,7 +158,7 @@ def run(params: Params, args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline export", "serving checkpoints, ONNX with parity, TensorRT engines")
-    return run_stage(parser, run, argv)
+    return run_stage(parser, ExportParams, run, argv)
 
 
 if __name__ == "__main__":

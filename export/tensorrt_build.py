@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import ExportConfig, ProfileConfig
+from pipeline.config.export_config import ExportConfig, ProfileConfig
 from pipeline.drafters.onnx_io import BATCH, PAST, SEQ, IOSpec
 from pipeline.errors import DraftlineError
 

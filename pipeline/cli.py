@@ -14,7 +14,8 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from pipeline.config import DEFAULT_PARAMS_PATH, Params, load_params
+from pipeline.config.base import DEFAULT_PARAMS_PATH
+from pipeline.config.loader import Schema, load_params
 from pipeline.errors import DraftlineError
 
 # subcommand -> (module with main(argv), one-line description)
@@ -67,15 +68,16 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def run_stage(
     parser: argparse.ArgumentParser,
-    run: Callable[[Params, argparse.Namespace], object],
+    schema: type[Schema],
+    run: Callable[[Schema, argparse.Namespace], object],
     argv: Sequence[str] | None = None,
 ) -> int:
-    """Parse args, load and validate params, run; user errors become one line and a non-zero exit."""
+    """Parse args, load and validate the sections `schema` holds, run; user errors become one line and a non-zero exit."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parser.parse_args(argv)
     try:
-        params = load_params(args.params)
+        params = load_params(schema, args.params)
         run(params, args)
     except DraftlineError as error:
         return report_error(error)

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import LEARNED_MASK_WARNING, Params
+from pipeline.config.schema import Params
+from pipeline.drafters.block.config import LEARNED_MASK_WARNING
 from pipeline.progress import warn
 
 
@@ -23,7 +24,7 @@ def _check(params: Params, args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline params", "Validate params.yaml against the typed schema.")
     parser.add_argument("action", choices=["check"])
-    return run_stage(parser, _check, argv)
+    return run_stage(parser, Params, _check, argv)
 
 
 if __name__ == "__main__":

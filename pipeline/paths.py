@@ -1,11 +1,12 @@
-"""Where every stage reads and writes its artifacts (DESIGN section 2)."""
+"""Where every stage reads and writes its artifacts (the layout under `project.artifacts_dir`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import DrafterName, Params
+from pipeline.config.base import DrafterName
+from pipeline.config.stage_params import StageParams
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,7 @@ class ArtifactPaths:
     plots: Path
 
     @classmethod
-    def from_params(cls, params: Params, base: Path | str = ".") -> "ArtifactPaths":
+    def from_params(cls, params: StageParams, base: Path | str = ".") -> "ArtifactPaths":
         base = Path(base)
         return cls(
             root=base / params.project.artifacts_dir,

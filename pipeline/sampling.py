@@ -13,7 +13,7 @@ from typing import Collection
 
 import torch
 
-from pipeline.config import SamplingConfig
+from pipeline.config.sampling_config import SamplingConfig
 
 
 def stop_set(eos_token_id: int | Collection[int] | None) -> frozenset[int]:

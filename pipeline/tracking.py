@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from pipeline.config import Params
+from pipeline.config.tracking_config import TrackingConfig
 from pipeline.errors import DraftlineError, redact_url
 
 SERVER_PROBE_TIMEOUT_S = 5.0
@@ -17,9 +17,9 @@ SQLITE_BUSY_TIMEOUT_S = 5.0
 MLFLOW_TABLES = {"experiments", "runs", "alembic_version"}
 
 
-def tracking_uri(params: Params, base: Path | str = ".") -> str:
-    if params.tracking.uri:
-        return params.tracking.uri
+def tracking_uri(tracking: TrackingConfig, base: Path | str = ".") -> str:
+    if tracking.uri:
+        return tracking.uri
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     return f"sqlite:///{(Path(base) / 'mlflow.db').resolve()}"

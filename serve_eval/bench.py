@@ -16,7 +16,8 @@ from rich.table import Table
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params, SamplingConfig
+from pipeline.config.sampling_config import SamplingConfig
+from pipeline.config.train_config import TrainConfig
 from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
@@ -24,11 +25,15 @@ from pipeline.errors import DraftlineError
 from pipeline.integrity import stop_token_ids
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info
-from serve_eval.evaluate import evaluate_cell
+from serve_eval.evaluate import EvaluateParams, evaluate_cell
 from serve_eval.loading import load_drafters, load_test_prompts, load_verifier_for_decoding
 
 
-def demo_setup(params: Params, per_domain: int):
+class BenchParams(EvaluateParams):
+    train: TrainConfig = TrainConfig()
+
+
+def demo_setup(params: BenchParams, per_domain: int):
     paths = ArtifactPaths.from_params(params)
     verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
     prompts = [p for domain in load_test_prompts(paths, per_domain, verifier.config.vocab_size).values() for p in domain]
@@ -41,7 +46,7 @@ def demo_setup(params: Params, per_domain: int):
     return verifier, stop_token_ids(verifier.generation_config, tokenizer), prompts, proposers
 
 
-def random_setup(params: Params, count: int):
+def random_setup(params: BenchParams, count: int):
     torch.manual_seed(params.evaluate.seed)
 
     def qwen3(layers: int) -> Qwen3ForCausalLM:
@@ -60,7 +65,7 @@ def random_setup(params: Params, count: int):
     return verifier, [], prompts, proposers
 
 
-def run(params: Params, args: argparse.Namespace) -> None:
+def run(params: BenchParams, args: argparse.Namespace) -> None:
     try:
         verifier, eos, prompts, proposers = demo_setup(params, args.prompts)
         info(f"bench on the demo artifacts: {len(prompts)} test prompts, drafters {sorted(proposers)}")
@@ -91,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("python -m serve_eval.bench", __doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8, help="test prompts per domain (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    return run_stage(parser, run, argv)
+    return run_stage(parser, BenchParams, run, argv)
 
 
 if __name__ == "__main__":

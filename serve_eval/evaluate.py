@@ -18,8 +18,11 @@ import torch
 
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params, SamplingConfig
-from pipeline.drafters.interface import Proposer
+from pipeline.config.evaluate_config import EvaluateConfig
+from pipeline.config.sampling_config import SamplingConfig
+from pipeline.config.stage_params import StageParams
+from pipeline.config.verifier_config import VerifierConfig
+from pipeline.drafters.proposer import Proposer
 from pipeline.drafters.speculative_loop import Generation, decode
 from pipeline.integrity import measured_artifacts, stop_token_ids
 from pipeline.lineage import library_versions
@@ -29,6 +32,11 @@ from serve_eval.cell_sums import CellSums
 from serve_eval.hf_assisted import hf_assisted_generate
 from serve_eval.loading import load_drafters, load_test_prompts, load_verifier_for_decoding
 from serve_eval.plots import write_plots
+
+
+class EvaluateParams(StageParams):
+    verifier: VerifierConfig = VerifierConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
 
 
 def temperature_key(temperature: float) -> str:
@@ -71,7 +79,7 @@ def evaluate_cell(verifier, proposer: Proposer, prompts: list[list[int]], sampli
     return tally
 
 
-def run(params: Params, args: argparse.Namespace) -> dict:
+def run(params: EvaluateParams, args: argparse.Namespace) -> dict:
     paths = ArtifactPaths.from_params(params)
     config = params.evaluate
     from data_prep.corpus import corpus_hash
@@ -140,7 +148,7 @@ def print_table(report: dict) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline evaluate", __doc__.splitlines()[0])
-    return run_stage(parser, run, argv)
+    return run_stage(parser, EvaluateParams, run, argv)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,14 @@ import torch
 from rich.text import Text
 
 from pipeline.cli import positive_int_arg, run_stage, stage_parser, temperature_arg
-from pipeline.config import DRAFTER_NAMES, Params, SamplingConfig
+from pipeline.config.base import DRAFTER_NAMES
+from pipeline.config.sampling_config import SamplingConfig
 from pipeline.drafters.speculative_loop import decode
 from pipeline.errors import DraftlineError
 from pipeline.integrity import stop_token_ids
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, print_summary
+from serve_eval.evaluate import EvaluateParams
 from serve_eval.loading import load_drafters, load_verifier_for_decoding
 
 
@@ -32,7 +34,7 @@ def render(tokenizer, generation) -> Text:
     return text
 
 
-def run(params: Params, args: argparse.Namespace) -> None:
+def run(params: EvaluateParams, args: argparse.Namespace) -> None:
     paths = ArtifactPaths.from_params(params)
     config = params.evaluate.model_copy(update={"drafters": [args.drafter], "backend": "torch"})
     verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
@@ -73,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--temperature", type=temperature_arg, default=0.0, help="0 = greedy; at most 5")
     parser.add_argument("--max-new-tokens", type=positive_int_arg, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    return run_stage(parser, run, argv)
+    return run_stage(parser, EvaluateParams, run, argv)
 
 
 if __name__ == "__main__":

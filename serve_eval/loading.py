@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.config import EvaluateConfig, VerifierConfig
+from pipeline.config.evaluate_config import EvaluateConfig
+from pipeline.config.verifier_config import VerifierConfig
 from pipeline.drafters.interface import LoadedDrafter
 from pipeline.drafters.kinds import KINDS
 from pipeline.errors import DraftlineError

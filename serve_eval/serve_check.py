@@ -41,7 +41,12 @@ import torch
 from export.launch_files import VLLM_NAME
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params, SamplingConfig, ServeCheckConfig
+from pipeline.config.evaluate_config import EvaluateConfig
+from pipeline.config.export_config import ExportConfig
+from pipeline.config.sampling_config import SamplingConfig
+from pipeline.config.serve_check_config import ServeCheckConfig
+from pipeline.config.stage_params import StageParams
+from pipeline.config.verifier_config import VerifierConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import measured_artifacts
 from pipeline.lineage import library_versions, read_json
@@ -57,6 +62,14 @@ from serve_eval.serving_rule import (
     sampled_gaps,
     sampled_tolerance,
 )
+
+
+class ServeCheckParams(StageParams):
+    verifier: VerifierConfig = VerifierConfig()
+    export: ExportConfig = ExportConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    serve_check: ServeCheckConfig = ServeCheckConfig()
+
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 SERVING_JSON = "serving.json"
@@ -111,7 +124,7 @@ def sampled_run_name(temperature: float) -> str:
     return f"T={temperature:g}"
 
 
-def run_specs(params: Params, sampled: bool) -> list[dict]:
+def run_specs(params: ServeCheckParams, sampled: bool) -> list[dict]:
     """The greedy single-request and batched runs, then (`sampled`) one batched run per evaluate T > 0."""
     concurrency = params.serve_check.concurrency
     runs = [{"name": SINGLE, "concurrency": 1, "temperature": 0.0, "top_k": 0, "top_p": 1.0},
@@ -122,11 +135,11 @@ def run_specs(params: Params, sampled: bool) -> list[dict]:
     return runs
 
 
-def sampled_temperatures(params: Params) -> list[float]:
+def sampled_temperatures(params: ServeCheckParams) -> list[float]:
     return [t for t in params.evaluate.temperatures if t > 0]
 
 
-def served_speculative_config(speculative_config: dict, params: Params) -> dict:
+def served_speculative_config(speculative_config: dict, params: ServeCheckParams) -> dict:
     """launch.md's config; with sampled runs, vLLM drafts by sampling the drafter's distribution (as
     draftline does) instead of its default argmax drafts, which accept at a different rate at T > 0.
     Greedy requests draft argmax either way."""
@@ -136,7 +149,7 @@ def served_speculative_config(speculative_config: dict, params: Params) -> dict:
 
 
 def engine_job(model: str, speculative_config: dict | None, prompts: dict[str, list[list[int]]],
-               params: Params) -> dict:
+               params: ServeCheckParams) -> dict:
     config = params.serve_check
     longest = max(len(ids) for domain in prompts.values() for ids in domain)
     k = (speculative_config or {}).get("num_speculative_tokens", 0)
@@ -150,7 +163,7 @@ def engine_job(model: str, speculative_config: dict | None, prompts: dict[str, l
 # --------------------------------------------------------------------------- draftline's side
 
 
-def draftline_runs(params: Params, paths: ArtifactPaths, kinds: list[str],
+def draftline_runs(params: ServeCheckParams, paths: ArtifactPaths, kinds: list[str],
                    prompts: dict[str, list[list[int]]]) -> dict[str, dict[str, dict[str, list]]]:
     """kind -> run name -> domain -> draftline's Generation per prompt (no EOS stop, as vLLM runs with
     ignore_eos): greedy (compared with both greedy vLLM runs) and every evaluate T > 0, seeded per prompt."""
@@ -297,7 +310,7 @@ def check_drafter(job: dict, result: dict, baseline: dict, generations: dict | N
 # --------------------------------------------------------------------------- stage
 
 
-def exported_jobs(params: Params, paths: ArtifactPaths) -> dict[str, dict]:
+def exported_jobs(params: ServeCheckParams, paths: ArtifactPaths) -> dict[str, dict]:
     jobs = {}
     for kind in params.export.kinds:
         path = paths.export(kind) / VLLM_NAME
@@ -307,7 +320,7 @@ def exported_jobs(params: Params, paths: ArtifactPaths) -> dict[str, dict]:
     return jobs
 
 
-def run(params: Params, args: argparse.Namespace) -> dict:
+def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
     from data_prep.verifier import verifier_identity
     from serve_eval.loading import load_test_prompts
 
@@ -418,7 +431,7 @@ def print_table(report: dict) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline serve_check", __doc__.splitlines()[0])
-    return run_stage(parser, run, argv)
+    return run_stage(parser, ServeCheckParams, run, argv)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from datasets import Dataset
 
-from pipeline.config import BlockDrafterConfig
 from pipeline.drafters.block import serving as block_serving
+from pipeline.drafters.block.config import BlockDrafterConfig
 from pipeline.drafters.block.mask import choose_mask, resolve_mask
 from pipeline.drafters.block.model import build_drafter
 from pipeline.drafters.block.serving import write_served_config

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline.config import BlockDrafterConfig, BlockLossConfig
+from pipeline.drafters.block.config import BlockDrafterConfig, BlockLossConfig
 from pipeline.drafters.block.model import DFlashDraftModel, build_target_layer_ids, drafter_config, verifier_parts
 from tests.tiny_models import tiny_qwen3
 from train.block_data import block_targets

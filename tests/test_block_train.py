@@ -10,7 +10,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from pipeline.config import load_params, parse_params
+from pipeline.config.schema import load_all, parse_all
 from pipeline.drafters.block.model import DFlashDraftModel
 from tests.test_train_ar import make_artifacts
 from train.block_data import sample_anchors
@@ -28,10 +28,10 @@ def write_block_params(root, **trainer) -> object:
                                         "val_every_n_steps": 1000, **trainer}}},
         "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}"},
     }
-    parse_params(data)
+    parse_all(data)
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(data))
-    return load_params(path)
+    return load_all(path)
 
 
 def test_anchors_are_response_positions_and_resampled():
@@ -90,7 +90,7 @@ def test_train_block_stage_lowers_loss(tmp_path):
 
 def test_greedy_share_answers_a_stable_fraction_of_prompts_greedily():
     from data_prep.build_corpus import WorkItem, item_sampling
-    from pipeline.config import CorpusConfig
+    from pipeline.config.corpus_config import CorpusConfig
 
     items = [WorkItem(id=f"code-{i:04d}", domain="code", source="s", split="train", prompt="p", prompt_ids=(1,), seed=i)
              for i in range(400)]

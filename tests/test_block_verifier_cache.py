@@ -7,7 +7,8 @@ import pytest
 import torch
 from datasets import Dataset
 
-from pipeline.config import BlockDrafterConfig, TrainerConfig
+from pipeline.config.trainer_config import TrainerConfig
+from pipeline.drafters.block.config import BlockDrafterConfig
 from pipeline.drafters.block.model import DFlashDraftModel, drafter_config
 from tests.tiny_models import tiny_qwen3
 from train.block_data import BlockBatches

@@ -5,13 +5,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import Params, ParamsError, load_params, parse_params
+from pipeline.config.schema import Params, load_all, parse_all
+from pipeline.errors import ParamsError
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_repo_params_yaml_is_valid():
-    params = load_params(REPO / "params.yaml")
+    params = load_all(REPO / "params.yaml")
     assert params.verifier.source in ("bootstrap", "hf")
 
 
@@ -41,7 +42,7 @@ def test_repo_params_yaml_is_valid():
 )
 def test_bad_params_give_one_line_naming_the_key(data, expected):
     with pytest.raises(ParamsError) as info:
-        parse_params(data, "params.yaml")
+        parse_all(data, "params.yaml")
     message = str(info.value)
     assert expected in message
     assert "\n" not in message
@@ -52,13 +53,13 @@ ONE_SOURCE = {"sources": [{"kind": "file", "path": "prompts.jsonl", "domain": "s
 
 
 def test_domains_come_from_the_sources():
-    params = parse_params({"corpus": ONE_SOURCE})  # the default gate and limit serve any domain
+    params = parse_all({"corpus": ONE_SOURCE})  # the default gate and limit serve any domain
     assert params.corpus.domains() == {"stories"} and params.corpus.prompt_limit("stories") == 400
     assert params.promote.gate("stories") == params.promote.default_gate
-    gated = parse_params({"corpus": ONE_SOURCE, "promote": {"gates": {"stories": {"min_tau": 2.0}}}})
+    gated = parse_all({"corpus": ONE_SOURCE, "promote": {"gates": {"stories": {"min_tau": 2.0}}}})
     assert gated.promote.gate("stories").min_tau == 2.0
     by_field = {"sources": [{"kind": "file", "path": "p.jsonl", "domain_field": "kind"}]}
-    assert parse_params({"corpus": by_field, "promote": {"gates": {"math": {}}}}).corpus.domains() is None
+    assert parse_all({"corpus": by_field, "promote": {"gates": {"math": {}}}}).corpus.domains() is None
 
 
 @pytest.mark.parametrize("data, expected", [
@@ -68,13 +69,13 @@ def test_domains_come_from_the_sources():
 ])
 def test_gate_for_a_domain_without_source_is_an_error(data, expected):
     with pytest.raises(ParamsError) as info:
-        parse_params(data, "params.yaml")
+        parse_all(data, "params.yaml")
     assert expected in str(info.value) and "\n" not in str(info.value)
 
 
 def test_section_hash_changes_with_the_section_only():
     base = Params()
-    changed = parse_params({"evaluate": {"max_new_tokens": 7}})
+    changed = parse_all({"evaluate": {"max_new_tokens": 7}})
     assert base.section_hash("corpus") == changed.section_hash("corpus")
     assert base.section_hash("evaluate") != changed.section_hash("evaluate")
 
@@ -115,17 +116,17 @@ def test_unreadable_params_files_give_one_line(tmp_path, content, expected):
     path = tmp_path / "params.yaml"
     path.write_bytes(content)
     with pytest.raises(ParamsError) as info:
-        load_params(path)
+        load_all(path)
     assert expected in str(info.value) and "\n" not in str(info.value)
 
 
 def test_params_directory_is_a_clear_error(tmp_path):
     with pytest.raises(ParamsError, match="not a file"):
-        load_params(tmp_path)
+        load_all(tmp_path)
 
 
 def test_system_dirs_need_the_explicit_flag():
-    params = parse_params({"project": {"artifacts_dir": "/srv", "allow_system_dirs": True}})
+    params = parse_all({"project": {"artifacts_dir": "/srv", "allow_system_dirs": True}})
     assert params.project.artifacts_dir == "/srv"
 
 

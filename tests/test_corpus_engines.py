@@ -32,7 +32,9 @@ from data_prep.engines import Request, openai_client
 from data_prep.engines.openai_client import EndpointDown, OpenAIEngine
 from data_prep.engines.vllm_server import serve_command, vllm_server
 from data_prep.verifier import write_record
-from pipeline.config import CorpusConfig, SamplingConfig, VllmConfig, load_params
+from pipeline.config.corpus_config import CorpusConfig, VllmConfig
+from pipeline.config.sampling_config import SamplingConfig
+from pipeline.config.schema import load_all
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.serving_venv import serve_python
@@ -195,12 +197,12 @@ def make_project(root: Path, *, prompts: int = 12, chat: int = 4, shard_size: in
 
 
 def all_rows(params: Path) -> list[dict]:
-    corpus = load_corpus(ArtifactPaths.from_params(load_params(params)))
+    corpus = load_corpus(ArtifactPaths.from_params(load_all(params)))
     return [row for split in corpus for row in corpus[split].to_list()]
 
 
 def stats_of(params: Path) -> dict:
-    return json.loads((ArtifactPaths.from_params(load_params(params)).corpus / "stats.json").read_text())
+    return json.loads((ArtifactPaths.from_params(load_all(params)).corpus / "stats.json").read_text())
 
 
 def alive(pid: int) -> bool:
@@ -446,7 +448,7 @@ def test_endpoint_credentials_are_sent_as_basic_auth_and_never_echoed(monkeypatc
 
 def test_chat_prompts_are_sent_as_messages_and_stored_as_templated_ids(tmp_path):
     tokenizer = chat_tokenizer()
-    params = load_params(make_project(tmp_path, prompts=3, chat=3))
+    params = load_all(make_project(tmp_path, prompts=3, chat=3))
     items = work_items(params.corpus, tokenizer)
     chat_items = [item for item in items if item.chat_text is not None]
     assert len(chat_items) == 3 and all(item.domain == "text" for item in chat_items)

@@ -16,7 +16,7 @@ from data_prep import bench_verifier, bootstrap_verifier
 from data_prep.stdlib_text import collect_stdlib_texts
 from data_prep.tokenizer import EOS_TOKEN, MASK_TOKEN, PAD_TOKEN
 from data_prep.verifier import load_verifier, verifier_identity
-from pipeline.config import load_params
+from pipeline.config.schema import load_all
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_same_tokenizer, mask_token_id
 from pipeline.lineage import hash_file
@@ -63,7 +63,7 @@ def test_tiny_bootstrap_trains_and_saves_a_standard_checkpoint(tmp_path, capsys)
         assert 0.0 <= report["loop_check"][domain]["distinct_4gram"] <= 1.0
         assert set(report["targets"][f"distinct_4gram_{domain}"]) == {"value", "target", "met"}
     assert "distinct 4gram text" in output.err
-    paths = ArtifactPaths.from_params(load_params(params))
+    paths = ArtifactPaths.from_params(load_all(params))
     identity = verifier_identity(paths)
     assert identity["source"] == "bootstrap" and identity["id"].endswith(identity["hash"][:12])
     versions = json.loads((directory / "verifier.json").read_text())["library_versions"]
@@ -84,7 +84,7 @@ def test_hf_source_records_path_and_hash_without_copying(tmp_path, tiny_verifier
     assert [p.name for p in directory.iterdir()] == ["verifier.json"]
     record = json.loads((directory / "verifier.json").read_text())
     assert record["source"] == "hf" and Path(record["name_or_path"]) == Path(tiny_verifier_dir).resolve()
-    model, _ = load_verifier(ArtifactPaths.from_params(load_params(params)))
+    model, _ = load_verifier(ArtifactPaths.from_params(load_all(params)))
     assert model.config.num_hidden_layers == 4
 
     (tmp_path / "m").mkdir()

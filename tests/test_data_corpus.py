@@ -17,7 +17,8 @@ from data_prep import build_corpus
 from data_prep.build_corpus import WorkItem, fingerprint, load_shard
 from data_prep.corpus import COLUMNS, corpus_hash, load_corpus
 from data_prep.verifier import write_record
-from pipeline.config import CorpusConfig, load_params
+from pipeline.config.corpus_config import CorpusConfig
+from pipeline.config.schema import load_all
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_dir
 from pipeline.paths import ArtifactPaths
@@ -92,7 +93,7 @@ def test_kill_and_resume_gives_the_uninterrupted_corpus(tmp_path, capsys):
     assert build_corpus.main(["--params", str(killed_params)]) == 0
     assert f"{done_before_restart} / {total_shards}" in capsys.readouterr().err  # finished shards were reused
 
-    paths = [ArtifactPaths.from_params(load_params(p)) for p in (reference_params, killed_params)]
+    paths = [ArtifactPaths.from_params(load_all(p)) for p in (reference_params, killed_params)]
     expected, actual = (load_corpus(p) for p in paths)
     assert rows(actual) == rows(expected)
     # byte-identical datasets, not only equal rows (stats.json differs only in the params fingerprint:
@@ -168,7 +169,7 @@ def test_a_truncated_shard_is_regenerated_alone(tmp_path):
     shards = sorted(shard_dir.iterdir())
     assert len(shards) >= 3
     before = {path.name: path.stat().st_mtime_ns for path in shards}
-    reference = rows(load_corpus(ArtifactPaths.from_params(load_params(params))))
+    reference = rows(load_corpus(ArtifactPaths.from_params(load_all(params))))
     shards[1].write_text(shards[1].read_text()[:50])  # a kill/disk-full mid-write of that shard
     (tmp_path / "artifacts" / ".corpus.leftover.tmp").mkdir()  # a temp dir a SIGKILL left behind
     process = stage(params)
@@ -177,7 +178,7 @@ def test_a_truncated_shard_is_regenerated_alone(tmp_path):
     assert shards[1].name in err and "is damaged or stale; regenerating only that shard" in " ".join(err.split())
     after = {path.name: path.stat().st_mtime_ns for path in sorted(shard_dir.iterdir())}
     assert [name for name in before if before[name] != after[name]] == [shards[1].name]
-    assert rows(load_corpus(ArtifactPaths.from_params(load_params(params)))) == reference
+    assert rows(load_corpus(ArtifactPaths.from_params(load_all(params)))) == reference
     assert not list((tmp_path / "artifacts").glob(".corpus.*.tmp"))
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from data_prep.continuation import generate_batch
-from pipeline.config import SamplingConfig
+from pipeline.config.sampling_config import SamplingConfig
 from tests.tiny_models import tiny_qwen3, tiny_tokenizer
 
 TEXTS = ["def add(a, b):", "The quick brown fox jumps over", "import os\nfor i in range(", "x",

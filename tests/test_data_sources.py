@@ -23,7 +23,7 @@ from data_prep.sources import (
     stdlib_code_prompts,
     stdlib_text_prompts,
 )
-from pipeline.config import CorpusConfig, PromptSourceConfig, SplitConfig
+from pipeline.config.corpus_config import CorpusConfig, PromptSourceConfig, SplitConfig
 from pipeline.errors import DraftlineError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.config import Eagle3DrafterConfig, SamplingConfig
+from pipeline.config.sampling_config import SamplingConfig
+from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
 from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
 from pipeline.drafters.eagle3.model import (
     Eagle3Cache,

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from safetensors import safe_open
 
-from pipeline.config import load_params, parse_params
+from pipeline.config.schema import load_all, parse_all
 from pipeline.drafters.eagle3.model import load_drafter
 from tests.test_train_ar import make_artifacts
 
@@ -30,9 +30,9 @@ def test_train_eagle3_stage_lowers_loss(tmp_path):
                                          "max_steps": 30, "val_every_n_steps": 15, "checkpoint_every_n_steps": 10}}},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
     }
-    parse_params(data)
+    parse_all(data)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(data))
-    info = run(load_params(tmp_path / "params.yaml"))
+    info = run(load_all(tmp_path / "params.yaml"))
     assert info["steps"] == 30
     assert info["val_loss"] < info["untrained_val_loss"], info
     assert len(info["top1_agreement"]) == STEPS and len(info["decode_acceptance"]) == 3

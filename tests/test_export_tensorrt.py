@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from export import tensorrt_build
-from pipeline.config import ExportConfig, ProfileConfig
+from pipeline.config.export_config import ExportConfig, ProfileConfig
 from pipeline.drafters.ar import onnx as ar_onnx
 from pipeline.drafters.block import onnx as block_onnx
 from pipeline.drafters.onnx_io import with_float_dtype

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from pipeline.config import DomainGate, PromoteConfig
+from pipeline.config.promote_config import DomainGate, PromoteConfig
 from pipeline.promote.gate import GateDecision, decide, gate_metrics
 
 CONFIG = PromoteConfig(

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pipeline.config import LossConfig
+from pipeline.config.trainer_config import LossConfig
 from train import losses
 from train.agreement import AgreementCounts, simulated_acceptance_length
 from train.trainer import cosine_with_warmup

@@ -41,7 +41,7 @@ def test_stage_code_deps_exist(stage):
 
 @pytest.mark.parametrize("stage", FLOW)
 def test_stage_params_are_schema_sections(stage):
-    from pipeline.config import Params
+    from pipeline.config.schema import Params
 
     dumped = Params().model_dump()
     for key in STAGES[stage].get("params", []):
@@ -124,7 +124,7 @@ def _source_files(*packages: str) -> list[Path]:
 def test_only_a_kinds_own_package_branches_on_its_name():
     """Stages iterate over `pipeline.drafters.kinds.KINDS`; a comparison with a kind's name outside
     `pipeline/drafters/<kind>/` is a branch a new kind would have to be added to."""
-    from pipeline.config import DRAFTER_NAMES
+    from pipeline.config.base import DRAFTER_NAMES
 
     homes = tuple(REPO / "pipeline" / "drafters" / name for name in DRAFTER_NAMES)
     offenders = []
@@ -148,7 +148,7 @@ def test_export_and_serve_eval_do_not_import_train():
 
 
 def test_registry_has_every_drafter_name():
-    from pipeline.config import DRAFTER_NAMES
+    from pipeline.config.base import DRAFTER_NAMES
     from pipeline.drafters.kinds import KINDS
 
     assert sorted(KINDS) == sorted(DRAFTER_NAMES)
@@ -162,7 +162,7 @@ def test_dvc_paths_follow_the_params_that_move_them(tmp_path):
     in params moves what DVC tracks to where the stages write (`pipeline.paths.ArtifactPaths`)."""
     from dvc.repo import Repo
 
-    from pipeline.config import Params
+    from pipeline.config.schema import Params
     from pipeline.paths import ArtifactPaths
 
     project = {"artifacts_dir": "run/arts", "metrics_dir": "run/metrics", "plots_dir": "run/plots"}

@@ -12,7 +12,9 @@ import torch
 import yaml
 from datasets import Dataset, DatasetDict
 
-from pipeline.config import DRAFTER_NAMES, ServeCheckConfig, parse_params
+from pipeline.config.base import DRAFTER_NAMES
+from pipeline.config.schema import parse_all
+from pipeline.config.serve_check_config import ServeCheckConfig
 from pipeline.drafters.speculative_loop import Generation, Step
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_dir
@@ -150,7 +152,7 @@ def test_vllm_errors_fail_or_skip_with_their_first_line():
 
 
 def _params(tmp_path: Path, **serve) -> object:
-    return parse_params({"project": {"artifacts_dir": str(tmp_path / "artifacts"),
+    return parse_all({"project": {"artifacts_dir": str(tmp_path / "artifacts"),
                                      "metrics_dir": str(tmp_path / "metrics"), "plots_dir": str(tmp_path / "plots")},
                          "serve_check": serve})
 
@@ -262,7 +264,7 @@ def write_params(work: Path, **serve) -> Path:
 def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
     """No `.venv-serve`: every drafter is skipped with the command that fixes it; the stage still succeeds."""
     tokenizer = tiny_tokenizer()
-    paths = ArtifactPaths.from_params(parse_params(yaml.safe_load(write_params(tmp_path).read_text())))
+    paths = ArtifactPaths.from_params(parse_all(yaml.safe_load(write_params(tmp_path).read_text())))
     write_corpus(tokenizer, paths.corpus)
     paths.verifier.mkdir(parents=True)
     (paths.verifier / "verifier.json").write_text(json.dumps({"source": "hf", "name_or_path": "/v", "hash": "h1",
@@ -292,7 +294,7 @@ def served(tmp_path_factory):
     from pipeline.drafters.kinds import KINDS
 
     work = tmp_path_factory.mktemp("serve_check")
-    paths = ArtifactPaths.from_params(parse_params(yaml.safe_load(write_params(work).read_text())))
+    paths = ArtifactPaths.from_params(parse_all(yaml.safe_load(write_params(work).read_text())))
     tokenizer = tiny_tokenizer()
     verifier = tiny_qwen3(len(tokenizer), hidden_size=128, num_layers=4, eos_token_id=tokenizer.eos_token_id,
                           pad_token_id=tokenizer.pad_token_id)

@@ -138,7 +138,7 @@ def test_block_context_equals_fresh_features(verifier):
 
 
 def test_sampled_loops_are_reproducible_with_a_seed(verifier, random_drafter):
-    from pipeline.config import SamplingConfig
+    from pipeline.config.sampling_config import SamplingConfig
 
     def run(seed):
         return decode(verifier, PROMPTS[0], 12, proposer=ar(verifier, random_drafter, 3),
@@ -151,7 +151,7 @@ def test_sampled_loops_are_reproducible_with_a_seed(verifier, random_drafter):
 def test_block_drafts_at_temperature_come_with_their_distribution(verifier):
     """Sampled block drafts: each draft is a sample of the q row returned with it (what rejection
     sampling needs), and at T > 0 the drafts are not just the argmax."""
-    from pipeline.config import SamplingConfig
+    from pipeline.config.sampling_config import SamplingConfig
 
     model = block_model(verifier, 4, seed=2)
     proposer = BlockProposer(BlockDrafter(model, verifier))

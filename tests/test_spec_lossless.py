@@ -7,9 +7,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from pipeline.config import Eagle3DrafterConfig, SamplingConfig
+from pipeline.config.sampling_config import SamplingConfig
 from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
+from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
 from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
 from pipeline.drafters.eagle3.model import build_drafter as build_eagle3
 from pipeline.drafters.speculative_loop import decode

@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from pipeline.config import SamplingConfig
+from pipeline.config.sampling_config import SamplingConfig
 from pipeline.sampling import greedy_accept, rejection_accept, warp_probs
 
 

@@ -14,7 +14,7 @@ import yaml
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM
 
-from pipeline.config import parse_params
+from pipeline.config.schema import parse_all
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_dir
 from tests.tiny_models import save_tiny_verifier, tiny_qwen3, tiny_tokenizer
@@ -69,7 +69,7 @@ def write_params(root: Path, trainer: dict, ar: dict | None = None) -> Path:
     }
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(data))
-    parse_params(data)  # fail here, not in a subprocess, on a bad test config
+    parse_all(data)  # fail here, not in a subprocess, on a bad test config
     return path
 
 
@@ -95,11 +95,11 @@ def assert_trained(root: Path, result: subprocess.CompletedProcess, steps: int) 
 
 
 def test_train_ar_auto_in_process(tmp_path):
-    from pipeline.config import load_params
+    from pipeline.config.schema import load_all
     from train.train_ar import run
 
     make_artifacts(tmp_path)
-    params = load_params(write_params(tmp_path, {"max_steps": 30, "checkpoint_every_n_steps": 10}))
+    params = load_all(write_params(tmp_path, {"max_steps": 30, "checkpoint_every_n_steps": 10}))
     info = run(params)
     assert info["steps"] == 30
     assert info["val_loss"] < info["untrained_val_loss"]
@@ -117,7 +117,7 @@ def test_train_ar_auto_in_process(tmp_path):
 
 
 def test_pretrained_init_with_other_vocabulary_is_refused(tmp_path):
-    from pipeline.config import load_params
+    from pipeline.config.schema import load_all
     from train.train_ar import run
 
     make_artifacts(tmp_path, rows_per_split=(2, 1, 1), new_tokens=4)
@@ -126,14 +126,14 @@ def test_pretrained_init_with_other_vocabulary_is_refused(tmp_path):
     other_dir = tmp_path / "other"
     other.save_pretrained(other_dir)
     other_tokenizer.save_pretrained(other_dir)
-    params = load_params(write_params(tmp_path, {"max_steps": 1}, {"init": "pretrained", "init_path": str(other_dir)}))
+    params = load_all(write_params(tmp_path, {"max_steps": 1}, {"init": "pretrained", "init_path": str(other_dir)}))
     with pytest.raises(DraftlineError, match="differs from the verifier"):
         run(params)
     assert not (tmp_path / "artifacts" / "drafters" / "ar").exists()
 
 
 def test_epochs_budget_follows_the_corpus():
-    from pipeline.config import TrainerConfig
+    from pipeline.config.trainer_config import TrainerConfig
     from train.trainer import resolve_budget
 
     assert resolve_budget(TrainerConfig(max_steps=77), 1000).max_steps == 77

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from pipeline.config import TrainerConfig
+from pipeline.config.trainer_config import TrainerConfig
 from tests.test_train_ar import assert_trained, make_artifacts, run_train, write_params
 from train.strategies import CPUDeepSpeedStrategy, make_strategy
 

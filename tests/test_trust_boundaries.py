@@ -221,7 +221,7 @@ def test_relative_output_dirs_leaving_the_project_are_refused(tmp_path, key):
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert f"project: {key} 'run/../../../..' leaves the project directory" in done.stderr
 
-    from pipeline.config import parse_params
+    from pipeline.config.schema import parse_all
 
-    assert parse_params({"project": {key: "../elsewhere", "allow_outside": True}})  # said explicitly: allowed
-    assert parse_params({"project": {key: "run/../inside"}})
+    assert parse_all({"project": {key: "../elsewhere", "allow_outside": True}})  # said explicitly: allowed
+    assert parse_all({"project": {key: "run/../inside"}})

@@ -7,7 +7,7 @@ import json
 
 from data_prep.build_corpus import served_prompt_ids, work_items
 from data_prep.continuation import generate_batch
-from pipeline.config import CorpusConfig
+from pipeline.config.corpus_config import CorpusConfig
 from pipeline.drafters.speculative_loop import decode
 from pipeline.integrity import stop_token_ids
 from tests.tiny_models import tiny_llama, tiny_llama_tokenizer

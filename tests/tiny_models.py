@@ -105,7 +105,7 @@ def save_tiny_eagle3(verifier, tokenizer, directory: Path, *, draft_tokens: int 
     on those prompts and acceptance checks are not vacuous."""
     import json
 
-    from pipeline.config import Eagle3DrafterConfig
+    from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
     from pipeline.drafters.eagle3.model import build_drafter
 
     cfg = Eagle3DrafterConfig(draft_vocab_size=draft_vocab_size, aux_layer_ids=aux_layer_ids,

@@ -16,7 +16,7 @@ from typing import Iterable
 import torch
 from transformers import PreTrainedModel
 
-from pipeline.config import LossConfig, TrainerConfig
+from pipeline.config.trainer_config import LossConfig, TrainerConfig
 from train.agreement import AgreementCounts, simulated_acceptance_length
 from train.frozen import FrozenVerifier
 from train.losses import mixture, needs_teacher

@@ -22,12 +22,12 @@ from lightning.pytorch import Callback
 from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
 from pipeline.drafters.ar.model import build_drafter
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import print_summary
 from train.ar_lit import ARDistillModule
 from train.corpus_data import ARDataModule
+from train.train_params import TrainParams
 from train.trainer import build_trainer
 
 STRATEGIES = ("auto", "deepspeed_stage_2")
@@ -56,7 +56,7 @@ class ThroughputMeter(Callback):
         return self.tokens / self.elapsed if self.elapsed else 0.0
 
 
-def measure(params: Params, strategy: str, steps: int, warmup: int) -> float:
+def measure(params: TrainParams, strategy: str, steps: int, warmup: int) -> float:
     cfg = params.train.ar
     tcfg = cfg.trainer.model_copy(update={
         "strategy": strategy, "devices": 1, "num_nodes": 1, "accelerator": "cpu", "max_steps": steps + warmup,
@@ -76,7 +76,7 @@ def measure(params: Params, strategy: str, steps: int, warmup: int) -> float:
     return meter.tokens_per_s
 
 
-def run(params: Params, args: argparse.Namespace) -> dict:
+def run(params: TrainParams, args: argparse.Namespace) -> dict:
     if args.block_ablation:
         from train.block_bench import ablation
 
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--block-ablation", action="store_true", help="ablate the block drafter's training choices")
     parser.add_argument("--variants", nargs="*", default=None, help="with --block-ablation: only these variants")
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps first")
-    return run_stage(parser, run, argv)
+    return run_stage(parser, TrainParams, run, argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from datasets import DatasetDict
 from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier
 from pipeline.atomic import write_json_atomic
-from pipeline.config import BlockDrafterConfig, Params
+from pipeline.drafters.block.config import BlockDrafterConfig
 from pipeline.drafters.block.mask import resolve_mask
 from pipeline.drafters.block.model import build_drafter, build_target_layer_ids, verifier_parts
 from pipeline.errors import DraftlineError
@@ -31,6 +31,7 @@ from pipeline.progress import info, print_summary
 from train.block_data import BlockDataModule
 from train.block_lit import BlockDistillModule, evaluate_blocks
 from train.frozen import FrozenVerifier
+from train.train_params import TrainParams
 from train.trainer import build_trainer
 
 
@@ -95,7 +96,7 @@ def select_rows(corpus: DatasetDict, rows: str) -> DatasetDict:
     return DatasetDict({**corpus, "train": train})
 
 
-def train_variant(params: Params, cfg: BlockDrafterConfig, corpus: DatasetDict, verifier, tokenizer,
+def train_variant(params: TrainParams, cfg: BlockDrafterConfig, corpus: DatasetDict, verifier, tokenizer,
                   variant: Variant, steps: int):
     seed = params.project.seed
     tcfg = cfg.trainer.model_copy(update={
@@ -116,7 +117,7 @@ def train_variant(params: Params, cfg: BlockDrafterConfig, corpus: DatasetDict, 
     return drafter.eval(), data, time.perf_counter() - started
 
 
-def ablation(params: Params, steps: int, only: list[str] | None = None, decode_prompts: int = 12) -> dict:
+def ablation(params: TrainParams, steps: int, only: list[str] | None = None, decode_prompts: int = 12) -> dict:
     paths = ArtifactPaths.from_params(params)
     verifier, tokenizer = load_verifier(paths, params.verifier.dtype)
     corpus = load_corpus(paths)

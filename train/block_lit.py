@@ -24,7 +24,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from pipeline.config import BlockDrafterConfig, TrainerConfig
+from pipeline.config.trainer_config import TrainerConfig
+from pipeline.drafters.block.config import BlockDrafterConfig
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.model import DFlashDraftModel, verifier_parts
 from train.agreement import DraftAgreement

@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from pipeline.drafters.interface import Proposer
+from pipeline.drafters.proposer import Proposer
 from pipeline.drafters.speculative_loop import decode
 
 

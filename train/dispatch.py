@@ -8,11 +8,12 @@ import sys
 from typing import Sequence
 
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import DRAFTER_NAMES, Params
+from pipeline.config.base import DRAFTER_NAMES
 from pipeline.drafters.kinds import KINDS
+from train.train_params import TrainParams
 
 
-def run(params: Params, args: argparse.Namespace) -> object:
+def run(params: TrainParams, args: argparse.Namespace) -> object:
     module = importlib.import_module(KINDS[args.drafter].train_stage)
     return module.run(params, args)
 
@@ -20,7 +21,7 @@ def run(params: Params, args: argparse.Namespace) -> object:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline train", "distill a drafter from the verifier on the corpus")
     parser.add_argument("--drafter", choices=DRAFTER_NAMES, required=True, help="which drafter to train")
-    return run_stage(parser, run, argv)
+    return run_stage(parser, TrainParams, run, argv)
 
 
 if __name__ == "__main__":

@@ -20,12 +20,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from data_prep.corpus import corpus_hash, load_corpus
 from data_prep.verifier import load_verifier, verifier_identity
 from pipeline.atomic import write_json_atomic
-from pipeline.config import Params, TrainerConfig
+from pipeline.config.trainer_config import TrainerConfig
 from pipeline.lineage import git_commit, library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 from pipeline.tracking import check_store, tracking_uri
 from train.frozen import FrozenVerifier
+from train.train_params import TrainParams
 from train.trainer import (
     build_trainer,
     flatten,
@@ -52,17 +53,17 @@ class DrafterRecipe:
     extra_info: dict = field(default_factory=dict)
 
 
-RecipeFactory = Callable[[Params, PreTrainedModel, PreTrainedTokenizerBase, DatasetDict], DrafterRecipe]
+RecipeFactory = Callable[[TrainParams, PreTrainedModel, PreTrainedTokenizerBase, DatasetDict], DrafterRecipe]
 
 
 def _scalars(results: dict, keys: tuple[str, ...]) -> dict:
     return {key: results[key] for key in keys if isinstance(results[key], (int, float))}
 
 
-def distill(params: Params, make_recipe: RecipeFactory) -> dict | None:
+def distill(params: TrainParams, make_recipe: RecipeFactory) -> dict | None:
     """Train and save one drafter; returns training.json's content on rank 0 (None elsewhere)."""
     started = time.perf_counter()
-    check_store(tracking_uri(params))  # before minutes of loading and training, not after
+    check_store(tracking_uri(params.tracking))  # before minutes of loading and training, not after
     paths = ArtifactPaths.from_params(params)
     verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
     corpus = load_corpus(paths, verifier.config.vocab_size)

@@ -18,7 +18,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from pipeline.config import Eagle3DrafterConfig, TrainerConfig
+from pipeline.config.trainer_config import TrainerConfig
+from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
 from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
 from pipeline.drafters.eagle3.model import Eagle3DraftModel, shift_left
 from train.agreement import DraftAgreement

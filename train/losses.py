@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pipeline.config import BlockLossConfig, LossConfig
+from pipeline.config.trainer_config import LossConfig
+from pipeline.drafters.block.config import BlockLossConfig
 
 LOSS_NAMES = ("ce", "fkl", "rkl", "tvd", "jsd")
 

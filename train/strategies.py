@@ -15,7 +15,7 @@ import torch
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
 
-from pipeline.config import TrainerConfig
+from pipeline.config.trainer_config import TrainerConfig
 
 
 class CPUDeepSpeedStrategy(DeepSpeedStrategy):

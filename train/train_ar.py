@@ -11,15 +11,15 @@ import sys
 from typing import Sequence
 
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
 from pipeline.drafters.ar.model import build_drafter, check_same_vocabulary
 from train.ar_lit import ARDistillModule, evaluate_agreement
 from train.corpus_data import ARDataModule
 from train.distill import DrafterRecipe, distill
+from train.train_params import TrainParams
 from train.trainer import resolve_budget
 
 
-def ar_recipe(params: Params, verifier, tokenizer, corpus) -> DrafterRecipe:
+def ar_recipe(params: TrainParams, verifier, tokenizer, corpus) -> DrafterRecipe:
     cfg = params.train.ar
     tcfg = resolve_budget(cfg.trainer, len(corpus["train"]))
     draft_tokens = cfg.draft_tokens
@@ -39,14 +39,14 @@ def ar_recipe(params: Params, verifier, tokenizer, corpus) -> DrafterRecipe:
     )
 
 
-def run(params: Params, args: argparse.Namespace | None = None) -> dict | None:
+def run(params: TrainParams, args: argparse.Namespace | None = None) -> dict | None:
     """Train and save the AR drafter; returns training.json's content on rank 0 (None elsewhere)."""
     return distill(params, ar_recipe)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline train --drafter ar", "distill the autoregressive drafter (stage train_ar)")
-    return run_stage(parser, run, argv)
+    return run_stage(parser, TrainParams, run, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from pipeline.atomic import save_figure_atomic, write_text_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import LEARNED_MASK_WARNING, BlockDrafterConfig, Params
+from pipeline.drafters.block.config import LEARNED_MASK_WARNING, BlockDrafterConfig
 from pipeline.drafters.block.mask import resolve_mask
 from pipeline.drafters.block.model import DFlashConfig, build_drafter
 from pipeline.paths import ArtifactPaths
@@ -23,10 +23,11 @@ from pipeline.progress import info, warn
 from train.block_data import BlockDataModule
 from train.block_lit import BlockDistillModule, evaluate_blocks
 from train.distill import DrafterRecipe, distill
+from train.train_params import TrainParams
 from train.trainer import resolve_budget
 
 
-def block_recipe(params: Params, verifier, tokenizer, corpus, modules: list | None = None) -> DrafterRecipe:
+def block_recipe(params: TrainParams, verifier, tokenizer, corpus, modules: list | None = None) -> DrafterRecipe:
     """The block drafter's recipe; the Lightning module it makes is appended to `modules` when given
     (the stage reads its validation history back for the τ-vs-steps plot)."""
     cfg, seed = params.train.block, params.project.seed
@@ -102,7 +103,7 @@ def write_tau_plot(history: list[dict], directory: Path) -> None:
     plt.close(figure)
 
 
-def run(params: Params, args: argparse.Namespace | None = None) -> dict | None:
+def run(params: TrainParams, args: argparse.Namespace | None = None) -> dict | None:
     """Train and save the block drafter; returns training.json's content on rank 0 (None elsewhere)."""
     modules: list[BlockDistillModule] = []
     info = distill(params, lambda *parts: block_recipe(params, *parts[1:], modules=modules))
@@ -113,7 +114,7 @@ def run(params: Params, args: argparse.Namespace | None = None) -> dict | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline train --drafter block", "train the block-diffusion drafter (stage train_block)")
-    return run_stage(parser, run, argv)
+    return run_stage(parser, TrainParams, run, argv)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,14 @@ import sys
 from typing import Sequence
 
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import Params
 from pipeline.drafters.eagle3.model import build_drafter
 from train.block_data import BlockDataModule
 from train.distill import DrafterRecipe, distill
 from train.eagle3_lit import Eagle3DistillModule, evaluate_head
+from train.train_params import TrainParams
 
 
-def eagle3_recipe(params: Params, verifier, tokenizer, corpus) -> DrafterRecipe:
+def eagle3_recipe(params: TrainParams, verifier, tokenizer, corpus) -> DrafterRecipe:
     cfg, tcfg, seed = params.train.eagle3, params.train.eagle3.trainer, params.project.seed
     train_rows = corpus["train"]
     # the draft vocabulary (when reduced) is the training split's most frequent tokens
@@ -44,14 +44,14 @@ def eagle3_recipe(params: Params, verifier, tokenizer, corpus) -> DrafterRecipe:
     )
 
 
-def run(params: Params, args: argparse.Namespace | None = None) -> dict | None:
+def run(params: TrainParams, args: argparse.Namespace | None = None) -> dict | None:
     """Train and save the EAGLE-3 head; returns training.json's content on rank 0 (None elsewhere)."""
     return distill(params, eagle3_recipe)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline train --drafter eagle3", "train the EAGLE-3 head (stage train_eagle3)")
-    return run_stage(parser, run, argv)
+    return run_stage(parser, TrainParams, run, argv)
 
 
 if __name__ == "__main__":

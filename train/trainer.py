@@ -20,11 +20,13 @@ from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
 
 from pipeline.atomic import atomic_dir, write_json_atomic
-from pipeline.config import DrafterName, Params, TrainerConfig
+from pipeline.config.base import DrafterName
+from pipeline.config.trainer_config import TrainerConfig
 from pipeline.lineage import read_json, version_tags
 from pipeline.progress import info
 from pipeline.tracking import sqlite_artifact_root, tracking_uri
 from train.strategies import make_strategy, uses_gpu
+from train.train_params import TrainParams
 
 TRAINING_INFO = "training.json"
 LAST_CHECKPOINT = "last.ckpt"
@@ -208,11 +210,11 @@ class DrafterModule(LightningModule):
 TAG_CHECKPOINTS = "draftline.checkpoint_dir"
 
 
-def make_mlflow_logger(params: Params, kind: DrafterName, checkpoint_dir: Path) -> MLFlowLogger:
+def make_mlflow_logger(params: TrainParams, kind: DrafterName, checkpoint_dir: Path) -> MLFlowLogger:
     """The run is tagged with its checkpoint dir: runs left RUNNING there by a killed process are
     marked KILLED when training starts again (the dir is single-writer, so none can still be alive)."""
     checkpoints = str(Path(checkpoint_dir).resolve())
-    uri = tracking_uri(params)
+    uri = tracking_uri(params.tracking)
     logger = MLFlowLogger(
         experiment_name=params.tracking.experiment,
         run_name=f"train_{kind}",

@@ -16,7 +16,8 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 from transformers import GenerationConfig
 
-from pipeline.config import CorpusConfig, SamplingConfig
+from pipeline.config.corpus_config import CorpusConfig
+from pipeline.config.sampling_config import SamplingConfig
 from pipeline.integrity import stop_token_ids
 
 

@@ -25,7 +25,7 @@ from collections import deque
 from typing import Callable, Sequence
 
 from data_prep.engines import Request, Result
-from pipeline.config import CorpusConfig
+from pipeline.config.corpus_config import CorpusConfig
 from pipeline.errors import DraftlineError, redact_url
 
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.config import VllmConfig
+from pipeline.config.corpus_config import VllmConfig
 from pipeline.errors import DraftlineError
 from pipeline.serving_venv import serve_python
 

@@ -13,24 +13,10 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from pipeline.config import EvaluateConfig, ExportConfig, ProfileConfig, SamplingConfig
+from pipeline.config.evaluate_config import EvaluateConfig
+from pipeline.config.export_config import ExportConfig, ProfileConfig
 from pipeline.drafters.onnx_io import IOSpec, ParityReport
-
-
-class Proposer(Protocol):
-    """A drafter as the decoding loop (`pipeline.drafters.speculative_loop.decode`) drives it, batch size 1."""
-
-    uses_hidden_states: bool  # wants the verifier's hidden states of committed positions (`observe`)
-    draft_tokens: int  # drafts per verifier step
-
-    def reset(self) -> None: ...
-
-    def propose(self, tokens: list[int], k: int, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
-        """Up to k draft tokens after `tokens`, and their proposal probabilities (k, V) (None: one-hot)."""
-
-    def observe(self, hidden_states: tuple[torch.Tensor, ...], first_position: int, count: int) -> None:
-        """Verifier features of `count` newly committed positions starting at `first_position`."""
+from pipeline.drafters.proposer import Proposer
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Collection
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from pipeline.config import SamplingConfig
-from pipeline.drafters.interface import Proposer
+from pipeline.config.sampling_config import SamplingConfig
+from pipeline.drafters.proposer import Proposer
 from pipeline.kv_cache import crop_cache
 from pipeline.sampling import greedy_accept, rejection_accept, stop_set, warp_probs
 

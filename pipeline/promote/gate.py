@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Mapping
 
-from pipeline.config import PromoteConfig
+from pipeline.config.promote_config import PromoteConfig
 
 GATE_TEMPERATURE = "0.0"  # the gate reads greedy decoding (contract: by_temperature["0.0"])
 GATED_METRICS = ("tau", "speedup")

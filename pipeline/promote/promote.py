@@ -32,7 +32,11 @@ from rich.table import Table
 from data_prep.verifier import verifier_identity
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import DRAFTER_NAMES, Params, ServeCheckConfig
+from pipeline.config.base import DRAFTER_NAMES
+from pipeline.config.promote_config import PromoteConfig
+from pipeline.config.serve_check_config import ServeCheckConfig
+from pipeline.config.stage_params import StageParams
+from pipeline.config.tracking_config import TrackingConfig
 from pipeline.errors import DraftlineError, redact_url
 from pipeline.integrity import measured_artifacts, safetensors_shapes, verify_manifest
 from pipeline.lineage import hash_file, library_versions, model_identity, read_json, version_tags
@@ -60,6 +64,12 @@ from pipeline.promote.model_registry import (
 )
 from pipeline.tracking import tracking_uri
 from serve_eval.serving_rule import domain_failures
+
+
+class PromoteParams(StageParams):
+    tracking: TrackingConfig = TrackingConfig()
+    serve_check: ServeCheckConfig = ServeCheckConfig()
+    promote: PromoteConfig = PromoteConfig()
 
 DVC_LOCK = Path("dvc.lock")
 TAG_GATE_KEY = "gate.key"  # hash of the gate config (promote thresholds) the decision was made under
@@ -192,7 +202,7 @@ def run_metrics(drafter_eval: dict) -> dict[str, float | list[float]]:
     return metrics
 
 
-def gate_params(params: Params) -> dict[str, object]:
+def gate_params(params: PromoteParams) -> dict[str, object]:
     config = params.promote
     out: dict[str, object] = {"gate.require_lossless": config.require_lossless,
                               "gate.max_regression": config.max_regression}
@@ -202,7 +212,7 @@ def gate_params(params: Params) -> dict[str, object]:
     return out
 
 
-def gate_key(params: Params) -> str:
+def gate_key(params: PromoteParams) -> str:
     """The gate that made a decision: a version's decision stands only while this is unchanged."""
     return hashlib.sha256(json.dumps(gate_params(params), sort_keys=True).encode()).hexdigest()[:16]
 
@@ -231,7 +241,7 @@ def _version_record(registry: Registry, name: str, version: str, decision: GateD
     }
 
 
-def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluation: Evaluation, kind: str,
+def _register(registry: Registry, params: PromoteParams, paths: ArtifactPaths, evaluation: Evaluation, kind: str,
               name: str, eval_key: str, checkpoint: Path, source: str, identity: str) -> str:
     """One run + logged model + registered version for this drafter; returns the version number."""
     training = load_training(paths, kind, evaluation)
@@ -285,7 +295,7 @@ def _register(registry: Registry, params: Params, paths: ArtifactPaths, evaluati
     return str(version.version)
 
 
-def gate_version(registry: Registry, params: Params, name: str, version: str) -> GateDecision:
+def gate_version(registry: Registry, params: PromoteParams, name: str, version: str) -> GateDecision:
     """Run the gate on a registered version against the current champion, then move aliases/tag it."""
     candidate = registry.version(name, version)
     champion = registry.alias_version(name, CHAMPION)
@@ -310,7 +320,7 @@ def gate_version(registry: Registry, params: Params, name: str, version: str) ->
     return decision
 
 
-def other_verifier_champion(registry: Registry, params: Params, name: str, kind: str) -> str | None:
+def other_verifier_champion(registry: Registry, params: PromoteParams, name: str, kind: str) -> str | None:
     """`models:/<model>@champion` of the most recently updated registered model of this kind under
     another verifier that has a champion, or None. Its metrics come from another verifier, so the gate
     never compares against it."""
@@ -324,7 +334,7 @@ def other_verifier_champion(registry: Registry, params: Params, name: str, kind:
     return None
 
 
-def promote_drafter(registry: Registry, params: Params, paths: ArtifactPaths, evaluation: Evaluation,
+def promote_drafter(registry: Registry, params: PromoteParams, paths: ArtifactPaths, evaluation: Evaluation,
                     kind: str) -> dict:
     name = registered_model_name(params.promote.model_name_prefix, evaluation.verifier_id, kind)
     checkpoint, source = drafter_checkpoint(paths, kind)
@@ -401,7 +411,7 @@ def binding_refusals(paths: ArtifactPaths, evaluation: Evaluation, serving: dict
     return refusals
 
 
-def read_serving(params: Params, paths: ArtifactPaths) -> dict | None:
+def read_serving(params: PromoteParams, paths: ArtifactPaths) -> dict | None:
     """`metrics/serving.json` when `serve_check.required`, else None."""
     if not params.serve_check.required:
         return None
@@ -434,7 +444,7 @@ def serve_check_failure(entry: dict, config: ServeCheckConfig) -> str | None:
     return None
 
 
-def serve_check_refusals(params: Params, serving: dict | None, kinds: list[str]) -> dict[str, str]:
+def serve_check_refusals(params: PromoteParams, serving: dict | None, kinds: list[str]) -> dict[str, str]:
     """kind -> why promotion refuses it: `serve_check.required` and its serve_check did not pass."""
     if serving is None:
         return {}
@@ -481,13 +491,13 @@ def print_decision(kind: str, record: dict) -> None:
                   f"{f'v{previous}' if previous else 'none'}  ({record['model_uri']})")
 
 
-def run(params: Params, args: argparse.Namespace) -> dict:
+def run(params: PromoteParams, args: argparse.Namespace) -> dict:
     paths = ArtifactPaths.from_params(params)
     evaluation = Evaluation.load(paths.metrics / "eval.json")
     kinds = sorted(evaluation.drafters)
     serving = read_serving(params, paths)
     refusals = {**serve_check_refusals(params, serving, kinds), **binding_refusals(paths, evaluation, serving, kinds)}
-    uri = tracking_uri(params)
+    uri = tracking_uri(params.tracking)
     with mlflow_errors(uri), registry_lock(uri):
         registry = Registry(uri)
         records = {kind: promote_drafter(registry, params, paths, evaluation, kind)
@@ -515,7 +525,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline promote", "Register evaluated drafters in MLflow and run the promotion gate.")
-    return run_stage(parser, run, argv)
+    return run_stage(parser, PromoteParams, run, argv)
 
 
 if __name__ == "__main__":

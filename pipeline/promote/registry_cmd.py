@@ -19,7 +19,7 @@ from typing import Sequence
 from rich.table import Table
 
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config import DRAFTER_NAMES, Params
+from pipeline.config.base import DRAFTER_NAMES
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
@@ -35,7 +35,7 @@ from pipeline.promote.model_registry import (
     registered_model_name,
     registry_lock,
 )
-from pipeline.promote.promote import Evaluation, comparisons_table, gate_version
+from pipeline.promote.promote import Evaluation, PromoteParams, comparisons_table, gate_version
 from pipeline.tracking import tracking_uri
 
 TAG_FORCED_REASON = "gate.forced_reason"
@@ -43,7 +43,7 @@ TAG_FORCED_BY = "gate.forced_by"
 TAG_FORCED_AT = "gate.forced_at"
 
 
-def resolve_model(params: Params, model: str) -> str:
+def resolve_model(params: PromoteParams, model: str) -> str:
     if model not in DRAFTER_NAMES:
         return model
     evaluation = Evaluation.load(ArtifactPaths.from_params(params).metrics / "eval.json")
@@ -60,7 +60,7 @@ def _aliases_of(registry: Registry, name: str, version: str) -> str:
     return ",".join(alias for alias, held_by in _aliases(registry, name).items() if held_by == str(version)) or "-"
 
 
-def list_models(registry: Registry, params: Params) -> None:
+def list_models(registry: Registry, params: PromoteParams) -> None:
     table = Table(title=f"registered drafters ({registry.uri})", title_justify="left")
     for column in ("model", "versions", "champion", "previous_champion"):
         table.add_column(column)
@@ -105,7 +105,7 @@ def show_model(registry: Registry, name: str, version: str | None) -> None:
     console.print(table)
 
 
-def promote_version(registry: Registry, params: Params, name: str, version: str, force: bool,
+def promote_version(registry: Registry, params: PromoteParams, name: str, version: str, force: bool,
                     reason: str | None) -> None:
     recorded = registry.version(name, version).tags  # fails with a clear message when it does not exist
     champion = registry.alias_version(name, CHAMPION)
@@ -135,8 +135,8 @@ def promote_version(registry: Registry, params: Params, name: str, version: str,
     console.print(f"{name} v{version}: forced to champion{moved}; reason recorded: {reason.strip()}")
 
 
-def _run(params: Params, args: argparse.Namespace) -> None:
-    uri = tracking_uri(params)
+def _run(params: PromoteParams, args: argparse.Namespace) -> None:
+    uri = tracking_uri(params.tracking)
     # Reading needs no lock; promoting by hand moves aliases like `promote` does.
     with mlflow_errors(uri), (registry_lock(uri) if args.action == "promote" else contextlib.nullcontext()):
         registry = Registry(uri)
@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     promote.add_argument("version", help="version number")
     promote.add_argument("--force", action="store_true", help="skip the gate (needs --reason)")
     promote.add_argument("--reason", help="why the gate is overridden (recorded as a version tag)")
-    return run_stage(parser, _run, argv)
+    return run_stage(parser, PromoteParams, _run, argv)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from pipeline.config import SamplingConfig
+from pipeline.config.sampling_config import SamplingConfig
 from pipeline.kv_cache import crop_cache
 from pipeline.sampling import sample, warp_probs
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from pipeline.config import EvaluateConfig, ProfileConfig
+from pipeline.config.evaluate_config import EvaluateConfig
+from pipeline.config.export_config import ProfileConfig
 from pipeline.drafters.ar import onnx, serving
 from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter
 from pipeline.drafters.ar.model import load_drafter

@@ -19,7 +19,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from pipeline.config import ARDrafterConfig
+from pipeline.drafters.ar.config import ARDrafterConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_same_tokenizer, load_pretrained, load_tokenizer, require_checkpoint
 

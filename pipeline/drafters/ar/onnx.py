@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from pipeline.config import ProfileConfig
+from pipeline.config.export_config import ProfileConfig
 from pipeline.drafters.ar.model import load_drafter
 from pipeline.drafters.interface import OnnxExport, OnnxJob
 from pipeline.drafters.onnx_io import (

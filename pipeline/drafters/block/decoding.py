@@ -8,7 +8,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from pipeline.config import SamplingConfig
+from pipeline.config.sampling_config import SamplingConfig
 from pipeline.drafters.block.model import DFlashDraftModel
 from pipeline.sampling import warp_probs
 

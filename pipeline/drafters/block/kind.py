@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from pipeline.config import EvaluateConfig, ProfileConfig
+from pipeline.config.evaluate_config import EvaluateConfig
+from pipeline.config.export_config import ProfileConfig
 from pipeline.drafters.block import onnx, serving
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.model import load_drafter

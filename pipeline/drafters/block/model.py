@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedMode
 from transformers import initialization as init
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
-from pipeline.config import BlockDrafterConfig
+from pipeline.drafters.block.config import BlockDrafterConfig
 from pipeline.drafters.rope import apply_rope, rope_cos_sin
 from pipeline.errors import DraftlineError
 from pipeline.integrity import load_pretrained, require_checkpoint

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from pipeline.config import EvaluateConfig, ProfileConfig
+from pipeline.config.evaluate_config import EvaluateConfig
+from pipeline.config.export_config import ProfileConfig
 from pipeline.drafters.eagle3 import onnx, serving
 from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
 from pipeline.drafters.eagle3.model import load_drafter

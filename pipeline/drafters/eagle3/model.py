@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
-from pipeline.config import Eagle3DrafterConfig
+from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
 from pipeline.drafters.rope import apply_rope, rope_cos_sin
 from pipeline.errors import DraftlineError
 from pipeline.integrity import require_checkpoint

@@ -18,7 +18,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from pipeline.config import ProfileConfig
+from pipeline.config.export_config import ProfileConfig
 from pipeline.drafters.eagle3.model import Eagle3DraftModel, load_drafter
 from pipeline.drafters.interface import OnnxExport, OnnxJob
 from pipeline.drafters.onnx_io import (

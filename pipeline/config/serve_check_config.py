@@ -1,0 +1,24 @@
+"""`serve_check`: the exported drafters run in vLLM against no speculation."""
+
+from __future__ import annotations
+
+from pydantic import Field, StrictBool
+
+from pipeline.config.base import Section
+
+
+class ServeCheckConfig(Section):
+    """Stage `serve_check`: the exported drafters run in vLLM (the `make serve-env` environment)."""
+
+    required: StrictBool = Field(True, description="promote refuses a drafter whose serve_check did not pass")
+    prompts_per_domain: int = Field(8, ge=1)
+    max_new_tokens: int = Field(48, ge=1)
+    max_tau_gap: float = Field(0.15, ge=0, description="largest relative gap vLLM tau vs draftline tau that passes")
+    concurrency: int = Field(8, ge=1, description="requests sharing vLLM's batches in the batched runs")
+    max_batch_tau_gap: float = Field(0.05, ge=0, description="largest relative gap batched vs single-request vLLM tau")
+    sampled_z: float = Field(3.0, gt=0, description="T > 0: standard errors of the tau difference that pass")
+    gate_sampled: StrictBool = Field(True, description="a T > 0 tau gap past sampled_z fails the drafter; "
+                                     "false: it is recorded and warned about only")
+    kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU")
+    enforce_eager: StrictBool = Field(True, description="skip vLLM's torch.compile warm-up (minutes on a small CPU)")
+    engine_timeout_s: int = Field(1200, ge=30, description="wall-clock limit for one vLLM engine run")

@@ -1,0 +1,66 @@
+"""The Lightning trainer and the AR-style loss mixture, shared by every drafter kind's `train.<kind>` section."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, StrictBool, field_validator, model_validator
+
+from pipeline.config.base import Section
+
+
+class TrainerConfig(Section):
+    strategy: Literal["auto", "ddp", "deepspeed_stage_2", "deepspeed_stage_3"] = "auto"
+    devices: int | Literal["auto"] = 1
+    num_nodes: int = Field(1, ge=1)
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
+    offload_optimizer: StrictBool = False
+    offload_parameters: StrictBool = False
+    max_steps: int = Field(300, ge=1)
+    epochs: Optional[float] = Field(
+        None, gt=0, description="null: train max_steps; N: as many steps as N passes over the training split "
+        "take (max_steps is then ignored), so the budget follows the corpus of whatever verifier is used",
+    )
+    batch_size: int = Field(16, ge=1)
+    accumulate_grad_batches: int = Field(1, ge=1)
+    learning_rate: float = Field(2e-3, gt=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_steps: int = Field(20, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    val_every_n_steps: int = Field(100, ge=1)
+    max_seq_len: int = Field(192, ge=8)
+    num_workers: int = Field(0, ge=0)
+    checkpoint_every_n_steps: int = Field(50, ge=1)
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("devices must be >= 1 or 'auto'")
+        return value
+
+    @model_validator(mode="after")
+    def _offload_needs_deepspeed(self) -> "TrainerConfig":
+        if (self.offload_optimizer or self.offload_parameters) and not self.strategy.startswith("deepspeed"):
+            raise ValueError("offload_optimizer/offload_parameters need a deepspeed_stage_* strategy")
+        if self.offload_parameters and self.strategy != "deepspeed_stage_3":
+            raise ValueError("offload_parameters needs strategy 'deepspeed_stage_3'")
+        return self
+
+
+class LossConfig(Section):
+    """Weights of the loss terms (a mixture when several are > 0) and the distillation temperature."""
+
+    ce: float = Field(0.0, ge=0)
+    fkl: float = Field(1.0, ge=0)
+    rkl: float = Field(0.0, ge=0)
+    tvd: float = Field(0.0, ge=0)
+    jsd: float = Field(0.0, ge=0)
+    temperature: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "LossConfig":
+        if self.ce + self.fkl + self.rkl + self.tvd + self.jsd <= 0:
+            raise ValueError("at least one of ce/fkl/rkl/tvd/jsd must have a weight > 0")
+        return self

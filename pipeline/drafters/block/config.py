@@ -1,0 +1,93 @@
+"""`train.block`: the DFlash-style block drafter."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import Field, PositiveInt, StrictBool, model_validator
+
+from pipeline.config.base import Section, cross_check
+from pipeline.config.trainer_config import TrainerConfig
+
+
+class BlockLossConfig(Section):
+    """Weights of the block drafter's loss terms, each position-weighted by exp(−(k−1)/γ).
+
+    `ce` is cross-entropy on `labels`: the verifier's argmax at anchor+k−1 (`verifier`) or the sampled
+    corpus token (`corpus`); `fkl` is forward KL against the verifier's logits there, at `temperature`.
+    """
+
+    ce: float = Field(1.0, ge=0)
+    fkl: float = Field(0.0, ge=0)
+    labels: Literal["verifier", "corpus"] = "verifier"
+    greedy_chain: StrictBool = Field(
+        True, description="position k >= 2 counts only where the response follows the verifier's argmax from the "
+        "anchor up to k−1 (the chain greedy drafting continues); otherwise its label sits on a sampled detour",
+    )
+    temperature: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "BlockLossConfig":
+        if self.ce + self.fkl <= 0:
+            raise ValueError("at least one of ce/fkl must have a weight > 0")
+        return self
+
+
+LEARNED_MASK_WARNING = ("train.block.mask is 'learned': the block drafter will train, but vLLM, SGLang and "
+                        "TensorRT-LLM cannot serve a learned mask embedding, so export will refuse it "
+                        "('auto' picks a servable vocabulary id)")
+
+
+class BlockDrafterConfig(Section):
+    block_size: int = Field(8, ge=2, le=64)
+    num_layers: int = Field(2, ge=1, le=5)
+    num_heads: Optional[int] = Field(None, ge=1, description="None: the verifier's")
+    num_kv_heads: Optional[int] = Field(None, ge=1)
+    intermediate_size: Optional[int] = Field(None, ge=16)
+    num_feature_layers: int = Field(
+        5, ge=1, le=16,
+        description="how many verifier layers feed the context features (fewer for shallow verifiers); not the "
+        "saved config.json's num_target_layers, which is the verifier's depth, as serving stacks expect",
+    )
+    target_layer_ids: Optional[list[int]] = None
+    mask: Literal["auto", "token", "learned"] = "auto"
+    attention: Literal["bidirectional", "causal"] = Field(
+        "bidirectional", description="inside the block: every position sees the whole block (DFlash), or only "
+        "the anchor and earlier positions; exported as dflash_config.causal, which vLLM reads",
+    )
+    anchors_per_sequence: Union[Literal["all"], PositiveInt] = Field(
+        "all", description="'all': every response (with prompt_anchors: every) position with a label after it; "
+        "an int samples that many per sequence each step (for sequences too long to hold every block in memory)",
+    )
+    prompt_anchors: StrictBool = Field(
+        False, description="training also anchors blocks at prompt positions (from 1; labels past position 1 only "
+        "where the prompt follows the verifier's argmax, with greedy_chain): more blocks from a small corpus",
+    )
+    gamma: Optional[float] = Field(None, gt=0, description="None: 7 for B=16, 5 for 10, 4 for 8")
+    loss: BlockLossConfig = BlockLossConfig()
+    decode_prompts: int = Field(
+        4, ge=0, description="validation prompts greedily decoded with the drafter at every validation (real tau)",
+    )
+    cache_verifier_outputs: StrictBool = Field(
+        False, description="keep each batch's verifier outputs (target-layer hidden states, argmax; logits too for "
+        "fkl) after its first forward and reuse them every later epoch: exact, and saves the frozen forward per "
+        "step; costs T·(num_feature_layers·hidden + 1) floats per corpus row (T·vocab more with fkl) of memory",
+    )
+    # Sized so the demo trains in a few minutes on 2 CPU cores (one verifier + drafter pass per step).
+    trainer: TrainerConfig = TrainerConfig(batch_size=8, max_steps=200)
+
+
+@cross_check("train", "verifier")
+def _target_layers_exist(params) -> None:
+    """Caught here instead of minutes later in training, when the verifier's depth is known now."""
+    layer_ids = params.train.block.target_layer_ids
+    if layer_ids is None:
+        return
+    if len(set(layer_ids)) != len(layer_ids) or min(layer_ids) < 0:
+        raise ValueError(f"train.block.target_layer_ids {layer_ids} must be distinct layer indices >= 0")
+    depth = params.verifier.bootstrap.num_layers
+    if params.verifier.source == "bootstrap" and max(layer_ids) >= depth:
+        raise ValueError(
+            f"train.block.target_layer_ids {layer_ids} out of range for the {depth}-layer bootstrap verifier "
+            f"(valid: 0..{depth - 1})"
+        )

@@ -1,0 +1,14 @@
+"""The params every training stage reads (stages `train_<kind>`, `draftline train`, the training benches)."""
+
+from __future__ import annotations
+
+from pipeline.config.stage_params import StageParams
+from pipeline.config.tracking_config import TrackingConfig
+from pipeline.config.train_config import TrainConfig
+from pipeline.config.verifier_config import VerifierConfig
+
+
+class TrainParams(StageParams):
+    verifier: VerifierConfig = VerifierConfig()
+    train: TrainConfig = TrainConfig()
+    tracking: TrackingConfig = TrackingConfig()
