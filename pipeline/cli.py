@@ -20,7 +20,7 @@ from pipeline.errors import DraftlineError
 
 # subcommand -> (module with main(argv), one-line description)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "params": ("pipeline.params_cmd", "validate params.yaml (`draftline params check`)"),
+    "params": ("pipeline.params_cmd", "validate params.yaml (`params check`), or print every effective value (`params show`)"),
     "bootstrap_verifier": ("data_prep.bootstrap_verifier", "train the offline demo verifier, or record an external one"),
     "build_corpus": ("data_prep.build_corpus", "regenerate responses with the verifier into the corpus"),
     "train": ("train.dispatch", "distill a drafter (`--drafter ar|block`)"),

@@ -1,4 +1,5 @@
-"""`draftline params check`: validate params.yaml without running anything."""
+"""`draftline params check|show`: validate params.yaml without running anything, or print every effective
+value (the file's, and the schema defaults it leaves out) as YAML."""
 
 from __future__ import annotations
 
@@ -7,13 +8,18 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+import yaml
+
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.schema import Params
 from pipeline.drafters.block.config import LEARNED_MASK_WARNING
 from pipeline.progress import warn
 
 
-def _check(params: Params, args: argparse.Namespace) -> None:
+def _run(params: Params, args: argparse.Namespace) -> None:
+    if args.action == "show":
+        print(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False), end="")
+        return
     for where in params.project.dirs_outside(Path.cwd()):
         warn(f"{where} is outside the project directory (allowed; check it is meant)")
     if params.train.block.mask == "learned":
@@ -22,9 +28,9 @@ def _check(params: Params, args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = stage_parser("draftline params", "Validate params.yaml against the typed schema.")
-    parser.add_argument("action", choices=["check"])
-    return run_stage(parser, Params, _check, argv)
+    parser = stage_parser("draftline params", "Validate params.yaml against the typed schema, or show every effective value.")
+    parser.add_argument("action", choices=["check", "show"])
+    return run_stage(parser, Params, _run, argv)
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,66 @@ def test_version_flag():
     result = subprocess.run([sys.executable, "-m", "pipeline.cli", "--version"], capture_output=True, text=True,
                             cwd=REPO)
     assert result.returncode == 0 and result.stdout.startswith("draftline 0.")
+
+
+def _dvc_read_keys() -> set[str]:
+    """Keys dvc.yaml reads from params.yaml by name: per-key params deps and `${...}` path templates."""
+    text = (REPO / "dvc.yaml").read_text()
+    stages = yaml.safe_load(text)["stages"].values()
+    keys = {key for stage in stages for key in stage.get("params", []) if isinstance(key, str)}
+    return keys | set(re.findall(r"\$\{([\w.]+)\}", text))
+
+
+def _leaves(node, path=()):
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _leaves(value, (*path, key))
+    else:
+        yield path, node
+
+
+def test_params_yaml_states_only_what_the_demo_changes():
+    """The schema's defaults are the recommended values; params.yaml repeating one is a second source of
+    defaults that drifts. Exempt: what dvc.yaml reads from the file by name."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    effective, defaults = load_all(REPO / "params.yaml"), Params()
+    dvc_keys = _dvc_read_keys()
+    repeats = []
+    for path, value in _leaves(raw):
+        key = ".".join(path)
+        if key in dvc_keys or value == {}:
+            continue
+        mine, default = effective, defaults
+        for part in path:
+            mine, default = getattr(mine, part), getattr(default, part)
+        if mine == default:
+            repeats.append(f"{key}: {value!r}")
+    assert not repeats, f"params.yaml repeats schema defaults (delete them): {repeats}"
+
+
+def test_params_yaml_repeat_check_catches_a_planted_repeat(tmp_path, monkeypatch):
+    planted = yaml.safe_load((REPO / "params.yaml").read_text())
+    planted["train"]["block"]["block_size"] = Params().train.block.block_size
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(planted))
+    (tmp_path / "dvc.yaml").write_text((Path(__file__).resolve().parents[1] / "dvc.yaml").read_text())
+    with pytest.raises(AssertionError, match="train.block.block_size"):
+        test_params_yaml_states_only_what_the_demo_changes()
+
+
+def test_no_default_is_described_as_demo_sized():
+    """A default sized for the demo (rather than recommended) belongs in params.yaml, with its reason."""
+    sources = sorted((REPO / "pipeline" / "config").glob("*.py")) + sorted((REPO / "pipeline" / "drafters").glob("*/config.py"))
+    offenders = [f"{path.relative_to(REPO)}:{number}" for path in sources
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if re.search(r"sized (so|for) the demo|demo trains", line)]
+    assert not offenders, offenders
+
+
+def test_params_show_prints_every_effective_value(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "params", "show"], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    shown = yaml.safe_load(result.stdout)
+    assert shown == load_all(REPO / "params.yaml").model_dump(mode="json")
+    assert shown["train"]["block"]["block_size"] == Params().train.block.block_size  # a default, not in the file

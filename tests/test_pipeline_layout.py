@@ -138,7 +138,20 @@ def test_only_a_kinds_own_package_branches_on_its_name():
                     values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
                     if any(isinstance(v, ast.Constant) and v.value in DRAFTER_NAMES for v in values):
                         offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+            # a table keyed by kind names (`{"ar": ..., "block": ...}`, `x["ar"]`) is a branch too
+            keys = node.keys if isinstance(node, ast.Dict) else [node.slice] if isinstance(node, ast.Subscript) else []
+            if any(isinstance(key, ast.Constant) and key.value in DRAFTER_NAMES for key in keys):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not offenders, f"kind-name branches outside pipeline/drafters/<kind>/: {offenders}"
+
+
+def test_training_imports_no_export_or_evaluation_code():
+    """Editing ONNX, served-layout or evaluation code must not retrain a drafter (dvc deps = imports)."""
+    for stage in ("train_ar", "train_block", "train_eagle3"):
+        closure = import_closure(shlex.split(STAGES[stage]["cmd"])[2])
+        offenders = sorted(path for path in closure if path.startswith(("export/", "serve_eval/"))
+                           or path.endswith(("/onnx.py", "/onnx_io.py", "/serving.py", "/interface.py")))
+        assert not offenders, f"{stage} imports {offenders}"
 
 
 def test_export_and_serve_eval_do_not_import_train():

@@ -88,9 +88,10 @@ class CorpusConfig(Section):
     )
     prompt_max_tokens: int = Field(96, ge=4)
     max_new_tokens: int = Field(64, ge=1)
-    sampling: SamplingConfig = SamplingConfig()
+    # Sampled like the traffic the drafter will serve, with half the prompts greedy for the T=0 case.
+    sampling: SamplingConfig = SamplingConfig(temperature=0.8, top_k=50)
     greedy_share: float = Field(
-        0.0, ge=0.0, le=1.0,
+        0.5, ge=0.0, le=1.0,
         description="fraction of prompts (chosen by id) answered greedily whatever `sampling` says",
     )
     batch_size: int = Field(16, ge=1)

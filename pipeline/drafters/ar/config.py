@@ -24,8 +24,7 @@ class ARDrafterConfig(Section):
     # there by export (launch configs), evaluate and serve_check, so they always match the drafter.
     draft_tokens: int = Field(4, ge=1, le=32)
     loss: LossConfig = LossConfig()
-    # Sized so train_ar takes a few minutes on a 2-core CPU with the demo verifier.
-    trainer: TrainerConfig = TrainerConfig(max_steps=100, val_every_n_steps=50, checkpoint_every_n_steps=25)
+    trainer: TrainerConfig = TrainerConfig()
 
     @model_validator(mode="after")
     def _pretrained_path(self) -> "ARDrafterConfig":

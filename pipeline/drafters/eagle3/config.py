@@ -53,7 +53,7 @@ class Eagle3DrafterConfig(Section):
         False, description="keep each batch's verifier outputs (aux hidden states, argmax; draft-vocabulary logits "
         "for fkl) after its first forward and reuse them every later epoch",
     )
-    trainer: TrainerConfig = TrainerConfig(batch_size=8, max_steps=200)
+    trainer: TrainerConfig = TrainerConfig()
 
     @field_validator("aux_layer_ids")
     @classmethod
