@@ -12,13 +12,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import math
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
-from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    PreTrainedTokenizerBase,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    get_cosine_with_min_lr_schedule_with_warmup,
+)
 
 from data_prep.continuation import generate_batch
 from data_prep.sources import split_of, stable_hash, stdlib_code_prompts, stdlib_text_prompts
@@ -111,13 +115,10 @@ def build_model(config: BootstrapConfig, tokenizer: PreTrainedTokenizerBase, see
     return Qwen3ForCausalLM(model_config)
 
 
-def learning_rate(config: BootstrapConfig, step: int) -> float:
-    """Linear warmup, then cosine to 10% exactly at `max_steps`."""
-    if step < config.warmup_steps:
-        return config.learning_rate * (step + 1) / config.warmup_steps
-    span = max(1, config.max_steps - config.warmup_steps)
-    fraction = min(1.0, (step - config.warmup_steps) / span)
-    return config.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
+def make_schedule(optimizer: torch.optim.Optimizer, config: BootstrapConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup, then cosine to 10% exactly at `max_steps` (transformers' schedule, as the drafters use)."""
+    return get_cosine_with_min_lr_schedule_with_warmup(optimizer, config.warmup_steps, config.max_steps,
+                                                       min_lr_rate=0.1)
 
 
 def make_optimizer(model: torch.nn.Module, config: BootstrapConfig) -> torch.optim.AdamW:
@@ -161,6 +162,7 @@ def train(model: Qwen3ForCausalLM, config: BootstrapConfig, train_stream: torch.
     """Exactly `max_steps` steps; past `max_time_s` it raises instead of returning a shorter run."""
     batches = training_batches(train_stream, config.batch_size, config.seq_len, torch.Generator().manual_seed(seed))
     optimizer = make_optimizer(model, config)
+    schedule = make_schedule(optimizer, config)
     model.train()
     start, cpu_start = time.perf_counter(), time.process_time()
     history: list[dict] = []
@@ -174,9 +176,8 @@ def train(model: Qwen3ForCausalLM, config: BootstrapConfig, train_stream: torch.
                 f"bootstrap verifier: {step - 1} of {config.max_steps} steps took {elapsed:.0f} s, over "
                 f"verifier.bootstrap.max_time_s={config.max_time_s:g}; lower max_steps or raise max_time_s"
             )
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(config, step - 1)
         loss = train_step(model, optimizer, next(batches), config)
+        schedule.step()
         running = loss if running is None else 0.95 * running + 0.05 * loss
         bar.update(1)
         bar.set_postfix(loss=f"{running:.3f}")

@@ -1,4 +1,8 @@
-"""Progress bars and end-of-step summaries, one look for every stage."""
+"""Progress bars and end-of-step summaries, one look for every stage.
+
+Bars are tqdm, like Lightning's training bars; tables and messages are rich. In a log file (stderr not a
+terminal) a bar writes one line per `LOG_INTERVAL_S` instead of redrawing, so `make demo > log` stays short.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,13 @@ from tqdm.auto import tqdm
 T = TypeVar("T")
 
 console = Console(stderr=True, highlight=False)
+LOG_INTERVAL_S = 30.0
 
 
 def progress(iterable: Iterable[T] | None = None, *, desc: str, total: int | None = None, unit: str = "it") -> tqdm:
-    return tqdm(iterable, desc=desc, total=total, unit=unit, dynamic_ncols=True, file=sys.stderr, leave=True)
+    interval = 0.1 if sys.stderr.isatty() else LOG_INTERVAL_S
+    return tqdm(iterable, desc=desc, total=total, unit=unit, dynamic_ncols=True, file=sys.stderr, leave=True,
+                mininterval=interval, maxinterval=max(interval, 10.0))
 
 
 def print_summary(title: str, rows: Mapping[str, object]) -> None:

@@ -146,10 +146,16 @@ def test_training_batches_cover_each_window_once_per_epoch():
 
 def test_schedule_warms_up_then_ends_at_a_tenth_exactly_at_max_steps():
     config = bootstrap_verifier.BootstrapConfig(max_steps=100, warmup_steps=10, learning_rate=1e-3)
-    rates = [bootstrap_verifier.learning_rate(config, step) for step in range(100)]
-    assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3)
-    assert rates == sorted(rates[:10]) + sorted(rates[10:], reverse=True)
-    assert bootstrap_verifier.learning_rate(config, 100) == pytest.approx(1e-4)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=config.learning_rate)
+    schedule = bootstrap_verifier.make_schedule(optimizer, config)
+    rates = []
+    for _ in range(101):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert rates[1] == pytest.approx(1e-4) and rates[10] == pytest.approx(1e-3)
+    assert rates[:100] == sorted(rates[:11]) + sorted(rates[11:100], reverse=True)
+    assert rates[100] == pytest.approx(1e-4)
 
 
 def test_distinct_4gram_ratio_flags_loops():

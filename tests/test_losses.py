@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from pipeline.config.trainer_config import LossConfig
+from pipeline.config.trainer_config import LossConfig, TrainerConfig
 from train import losses
 from train.agreement import AgreementCounts, simulated_acceptance_length
-from train.trainer import cosine_with_warmup
+from train.trainer import adamw_cosine
 
 # One batch, two positions, vocabulary of 2. Position 0 is a response token; position 1 is masked.
 P = [0.8, 0.2]  # teacher at position 0
@@ -117,7 +117,14 @@ def test_acceptance_windows_and_length():
     assert simulated_acceptance_length(tally.rates()) == pytest.approx(4 / 5 + 4 / 5 * 2 / 3)
 
 
-def test_cosine_with_warmup_shape():
-    assert cosine_with_warmup(0, 10, 100) == pytest.approx(1 / 11)
-    assert cosine_with_warmup(10, 10, 100) == pytest.approx(1.0)
-    assert cosine_with_warmup(100, 10, 100) == pytest.approx(0.1)
+def test_drafter_schedule_warms_up_then_decays_to_a_tenth():
+    cfg = TrainerConfig(warmup_steps=10, max_steps=100, learning_rate=1e-3)
+    scheduled = adamw_cosine([torch.nn.Parameter(torch.zeros(2, 2))], cfg)
+    optimizer, schedule = scheduled["optimizer"], scheduled["lr_scheduler"]["scheduler"]
+    rates = []
+    for _ in range(101):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert rates[10] == pytest.approx(1e-3) and rates[100] == pytest.approx(1e-4)
+    assert rates[:11] == sorted(rates[:11]) and rates[10:] == sorted(rates[10:], reverse=True)

@@ -10,14 +10,16 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
+from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.config.base import DrafterName
@@ -36,17 +38,15 @@ FINGERPRINT_FILE = "fingerprint.json"
 # --------------------------------------------------------------------------- ranks
 
 
-def global_rank() -> int:
-    """This process's rank from the launcher's variables (torchrun, SLURM, deepspeed, Lightning's spawner)."""
+def is_rank_zero() -> bool:
+    """Whether this process is global rank 0, from the launcher's variables (torchrun, SLURM, deepspeed,
+    MPI), readable before the process group exists."""
     for name in ("RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
         if name in os.environ:
-            return int(os.environ[name])
-    # Lightning's subprocess launcher sets only LOCAL_RANK/NODE_RANK for the processes it starts.
-    return int(os.environ.get("LOCAL_RANK", 0)) + int(os.environ.get("NODE_RANK", 0))
-
-
-def is_rank_zero() -> bool:
-    return global_rank() == 0
+            return int(os.environ[name]) == 0
+    # Lightning's subprocess launcher sets only LOCAL_RANK/NODE_RANK for the processes it starts: rank 0
+    # is local rank 0 on node 0 (their sum is not a rank).
+    return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
 
 
 # --------------------------------------------------------------------------- trainer
@@ -72,6 +72,9 @@ def build_trainer(
         enable_version_counter=False,
     )
     accelerator = "gpu" if uses_gpu(cfg) else "cpu"
+    if enable_progress_bar and not sys.stderr.isatty():
+        # a log file gets one bar line per ~5% of training, not one per step
+        callbacks = [*callbacks, TQDMProgressBar(refresh_rate=max(1, cfg.max_steps // 20))]
     return Trainer(
         accelerator=accelerator,
         devices=cfg.devices,
@@ -159,14 +162,6 @@ def resolve_budget(cfg: TrainerConfig, train_rows: int) -> TrainerConfig:
     return cfg.model_copy(update={"max_steps": steps})
 
 
-def cosine_with_warmup(step: int, warmup_steps: int, total_steps: int, floor: float = 0.1) -> float:
-    """LR multiplier: linear warmup to 1, then cosine decay to `floor`."""
-    if step < warmup_steps:
-        return (step + 1) / (warmup_steps + 1)
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 def adamw_cosine(parameters: Iterable[nn.Parameter], cfg: TrainerConfig) -> dict:
     """`configure_optimizers` return value: AdamW (no decay on norms/biases) + per-step cosine warmup."""
     decay, no_decay = [], []
@@ -178,9 +173,9 @@ def adamw_cosine(parameters: Iterable[nn.Parameter], cfg: TrainerConfig) -> dict
         lr=cfg.learning_rate,
         betas=(0.9, 0.95),
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: cosine_with_warmup(step, cfg.warmup_steps, cfg.max_steps)
-    )
+    # linear warmup, then cosine to 10% of the peak at max_steps
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps,
+                                                            min_lr_rate=0.1)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
