@@ -10,6 +10,7 @@ kill-the-server test of `engine: openai`.
 from __future__ import annotations
 
 import argparse
+import email.utils
 import hashlib
 import json
 import os
@@ -64,6 +65,8 @@ class FakeState:
         self.bodies: list[tuple[str, dict]] = []
         self.poison = None  # (reply body) -> what a broken server sends instead
         self.poison_first = 0  # how many replies get poisoned (then the server is fine again)
+        self.retry_after: str | None = None  # Retry-After header sent with the failures
+        self.request_times: list[float] = []
 
 
 def fake_handler(state: FakeState):
@@ -71,9 +74,11 @@ def fake_handler(state: FakeState):
         def log_message(self, *args):  # quiet
             pass
 
-        def reply(self, code: int, body: dict) -> None:
+        def reply(self, code: int, body: dict, headers: dict | None = None) -> None:
             data = json.dumps(body).encode()
             self.send_response(code)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -92,9 +97,11 @@ def fake_handler(state: FakeState):
                 return self.reply(404, {})  # e.g. no /tokenize, like servers other than vLLM
             with state.lock:
                 state.bodies.append((self.path, body))
+                state.request_times.append(time.monotonic())
                 if state.fail_first > 0:
                     state.fail_first -= 1
-                    return self.reply(state.status, {"error": {"message": "try later"}})
+                    headers = {"Retry-After": state.retry_after} if state.retry_after is not None else None
+                    return self.reply(state.status, {"error": {"message": "try later"}}, headers)
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
             time.sleep(state.delay)
@@ -329,6 +336,24 @@ def test_retries_with_backoff_then_a_clear_error_naming_the_endpoint(monkeypatch
     with pytest.raises(EndpointDown, match=f"endpoint {url} is down .*3 attempts") as error:
         engine.generate([Request((5, 6), SamplingConfig(), 4, 0)], lambda n: None)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("retry_after", ["1.5", "http-date"])
+def test_a_429_waits_as_long_as_the_server_asks(monkeypatch, retry_after):
+    monkeypatch.setattr(openai_client, "BACKOFF_S", 0.01)
+    tokenizer = tiny_tokenizer()
+    url, state, server = start_fake(tokenizer, fail_first=1, status=429)
+    # an HTTP date has whole seconds: ask for 3 s from now, which is at least 2 s away
+    state.retry_after = email.utils.formatdate(time.time() + 3, usegmt=True) if retry_after == "http-date" else retry_after
+    try:
+        engine = OpenAIEngine([url], tokenizer, CorpusConfig(engine="openai", endpoints=[url], retries=2), name="openai")
+        [result] = engine.generate([Request((5, 6), SamplingConfig(), 4, 0)], lambda n: None)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.response_ids
+    first, second = state.request_times
+    assert second - first >= (1.5 if retry_after == "1.5" else 2.0)  # not the 0.01 s backoff
 
 
 def _with_ids(ids):

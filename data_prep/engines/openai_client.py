@@ -2,8 +2,13 @@
 
 Requests spread over all endpoints with at most `corpus.concurrency` in flight per endpoint: each
 endpoint has that many worker threads pulling from one queue, so a faster replica simply takes more
-prompts. A failed request is retried with exponential backoff; an endpoint that stays down stops the
-stage with one error naming it (finished shards are already committed, so a rerun loses nothing).
+prompts. A failed request is retried with exponential backoff, or after the server's `Retry-After` when
+it sends one (429/503); an endpoint that stays down stops the stage with one error naming it (finished
+shards are already committed, so a rerun loses nothing).
+
+The workers are daemon threads, not a `ThreadPoolExecutor`: an executor's threads are joined at
+interpreter exit, so Ctrl-C or a failed endpoint would wait for every request in flight (up to
+`request_timeout_s` each) before the stage could stop.
 
 Token-exact: requests ask for `return_token_ids` (vLLM >= 0.10.2) and the corpus keeps the returned
 ids. A server that returns text only gets its text tokenised here; those rows are counted in the stats.
@@ -13,15 +18,16 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import email.utils
 import http.client
 import io
 import json
+import queue
 import socket
 import threading
 import time
 import urllib.error
 import urllib.parse
-from collections import deque
 from typing import Callable, Sequence
 
 from data_prep.engines import Request, Result
@@ -65,6 +71,21 @@ def server_root(url: str) -> str:
     """`http://host:8000/v1` -> `http://host:8000` (where vLLM serves /health, /version, /tokenize)."""
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def retry_after_s(error: urllib.error.HTTPError) -> float | None:
+    """The wait a 429/503 answer asks for (`Retry-After`: seconds or an HTTP date), None when it names none."""
+    value = (error.headers or {}).get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
 
 
 def _error_message(error: urllib.error.HTTPError) -> str:
@@ -146,6 +167,7 @@ class OpenAIEngine:
         start = time.monotonic()
         invalid = 0
         for attempt in range(self.retries + 1):
+            asked = None
             try:
                 return parse(http_json(url + path, body, self.timeout))
             except InvalidResponse as error:
@@ -157,11 +179,14 @@ class OpenAIEngine:
                         f"endpoint {redact_url(url)} rejected {path} (HTTP {error.code}: {_error_message(error)})"
                     ) from None
                 reason = f"HTTP {error.code}"
+                asked = retry_after_s(error)
             except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as error:
                 cause = getattr(error, "reason", None) or error
                 reason = str(cause).strip() or type(cause).__name__
             if attempt < self.retries:
-                time.sleep(min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S))
+                backoff = min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S)
+                # the server's own ask wins over our guess, bounded by the request deadline
+                time.sleep(backoff if asked is None else min(max(asked, backoff), self.timeout))
         if invalid:
             raise DraftlineError(
                 f"endpoint {redact_url(url)} answered {path} with {invalid} invalid response(s) in {self.retries + 1} attempts "
@@ -259,7 +284,9 @@ class OpenAIEngine:
         if not requests:
             return []
         results: list[Result | None] = [None] * len(requests)
-        pending = deque(range(len(requests)))
+        pending: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for index in range(len(requests)):
+            pending.put(index)
         lock = threading.Lock()
         finished = threading.Event()
         failures: list[BaseException] = []
@@ -267,10 +294,10 @@ class OpenAIEngine:
 
         def worker(url: str) -> None:
             while not finished.is_set():
-                with lock:
-                    if not pending:
-                        return
-                    index = pending.popleft()
+                try:
+                    index = pending.get_nowait()
+                except queue.Empty:
+                    return
                 try:
                     result = self.complete(url, requests[index])
                 except BaseException as error:  # noqa: BLE001 - handed to the main thread, which raises it
