@@ -17,6 +17,7 @@ from pipeline.drafters.ar import serving as ar_serving
 from pipeline.drafters.ar.serving import serving_layout
 from pipeline.drafters.block import serving as block_serving
 from pipeline.drafters.block.serving import check_layout, write_served_config
+from pipeline.drafters.eagle3 import serving as eagle3_serving
 from pipeline.drafters.served_checks import check_plain_autoconfig
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_file
@@ -167,7 +168,7 @@ def test_launch_snippets_carry_paths_and_numbers(ar_dir, block_dir):
     assert spec == ar.speculative_config == {"method": "draft_model", "model": "/exp/ar/serving",
                                              "num_speculative_tokens": 5}
     assert "--speculative-algorithm STANDALONE" in ar.markdown and "--speculative-num-draft-tokens 6" in ar.markdown
-    assert "decoding_type: DraftTarget" in ar.markdown and "max_draft_len: 5" in ar.markdown
+    assert "decoding_type: Draft_Target" in ar.markdown and "max_draft_len: 5" in ar.markdown
 
     config = json.loads((block_dir / "config.json").read_text())
     block = block_serving.launch(config, "/models/verifier", Path("/exp/block/serving"), block_dir)
@@ -215,3 +216,24 @@ def test_stage_without_drafters_fails_cleanly(tmp_path, capsys):
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "no ar drafter" in error and "dvc repro train_ar" in error
     assert not (tmp_path / "artifacts" / "export").exists()
+
+
+@pytest.mark.parametrize(("layer_ids", "norm_before_residual", "sglang", "trtllm"), [
+    ([1, 3, 5], False, True, True),
+    ([1, 5], False, False, True),  # SGLang's fc takes exactly three tapped layers
+    ([1, 3, 5], True, False, False),  # neither takes the residual after hidden_norm
+])
+def test_eagle3_launch_gives_snippets_only_where_the_stack_can_serve_the_head(tmp_path, layer_ids,
+                                                                              norm_before_residual, sglang, trtllm):
+    (tmp_path / "training.json").write_text(json.dumps({"draft_tokens": 3}))
+    config = {"eagle_aux_hidden_state_layer_ids": layer_ids, "norm_before_residual": norm_before_residual,
+              "model_type": "draftline_eagle3", "draft_vocab_size": 64, "vocab_size": 64}
+    served = eagle3_serving.served_config(config)
+    # vLLM reads the top-level ids (input of layer L); SGLang only eagle_config (output of layer L)
+    assert served["eagle_aux_hidden_state_layer_ids"] == layer_ids
+    assert served["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in layer_ids]
+    text = eagle3_serving.launch(served, "/v", Path("/d"), tmp_path).markdown
+    assert ("--speculative-algorithm EAGLE3" in text) == sglang
+    assert ("decoding_type: Eagle3" in text) == trtllm
+    assert (f"eagle3_layers_to_capture: {[i - 1 for i in layer_ids]}" in text) == trtllm
+    assert '"method": "eagle3"' in text  # vLLM serves every variant (serve_check runs it)

@@ -193,3 +193,18 @@ def test_dvc_paths_follow_the_params_that_move_them(tmp_path):
     for expected in (paths.verifier, paths.corpus, paths.corpus_shards, paths.metrics / "eval.json",
                      paths.plots / "eval_acceptance.png"):
         assert expected.as_posix() in tracked, expected
+
+
+def test_module_basenames_in_pipeline_name_one_job():
+    """Two modules with one basename in pipeline/ must be the same job for different kinds
+    (`pipeline/drafters/<kind>/model.py`), never two jobs sharing a name."""
+    from pipeline.config.base import DRAFTER_NAMES
+
+    by_name: dict[str, list[Path]] = {}
+    for path in _source_files("pipeline"):
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(path.relative_to(REPO))
+    kind_dirs = {REPO.joinpath("pipeline", "drafters", name).relative_to(REPO) for name in DRAFTER_NAMES}
+    clashes = {name: [str(p) for p in paths] for name, paths in by_name.items()
+               if len(paths) > 1 and not all(p.parent in kind_dirs for p in paths)}
+    assert not clashes, clashes

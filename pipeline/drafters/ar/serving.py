@@ -1,6 +1,6 @@
 """The AR drafter as serving stacks load it: a plain HF Qwen3/Llama causal LM draft model.
 
-vLLM (`method: draft_model`), SGLang (`STANDALONE`) and TensorRT-LLM (`DraftTarget`) read it as an
+vLLM (`method: draft_model`), SGLang (`STANDALONE`) and TensorRT-LLM (`Draft_Target`) read it as an
 ordinary causal LM with the verifier's tokenizer; k comes from `train.ar.draft_tokens` as trained.
 """
 
@@ -58,7 +58,8 @@ Target (verifier): `{verifier}`. Draft tokens per step k = {k} (`train.ar.draft_
 {vllm_section(verifier, speculative)}
 ## SGLang (standalone draft model)
 
-Checked against SGLang's loader code only, not run here.
+Not run here; checked against SGLang's loader code (sgl-project/sglang@d9ccf6a
+`python/sglang/srt/arg_groups/speculative_hook.py`: STANDALONE loads the draft as a plain causal LM).
 
 ```bash
 python -m sglang.launch_server --model-path {verifier} \\
@@ -67,15 +68,16 @@ python -m sglang.launch_server --model-path {verifier} \\
   --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}
 ```
 
-## TensorRT-LLM (DraftTarget)
+## TensorRT-LLM (DraftTargetDecodingConfig)
 
-Checked against TensorRT-LLM's config classes only, not run here.
+Not run here; checked against TensorRT-LLM's config class (NVIDIA/TensorRT-LLM@7c7504c
+`tensorrt_llm/llmapi/llm_args.py`: `decoding_type: Literal["Draft_Target"]`).
 
 `spec.yaml`:
 
 ```yaml
 speculative_config:
-  decoding_type: DraftTarget
+  decoding_type: Draft_Target
   max_draft_len: {k}
   speculative_model: {draft}
 ```

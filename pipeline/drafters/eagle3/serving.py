@@ -9,8 +9,10 @@ not exist there). What vLLM 0.32 reads, from `model_executor/models/llama_eagle3
   would build Qwen3 layers with q/k norms this head does not have.)
 - `model_type: llama`: AutoConfig builds a LlamaConfig, which keeps the EAGLE-3 keys below.
 - `eagle_aux_hidden_state_layer_ids`: the verifier layers vLLM taps (id L = the residual stream entering
-  layer L, `hidden_states + residual`); without it vLLM would use (2, n//2, n−3). Also under
-  `eagle_config`, which vLLM reads when the top-level key is absent.
+  layer L, `hidden_states + residual`); without it vLLM would use (2, n//2, n−3). vLLM reads
+  `eagle_config` only when this top-level key is absent; SGLang reads only `eagle_config` and taps the
+  *output* of each id there (sgl-project/sglang@bf7a0e2 `models/llama.py` adds 1), so `eagle_config`
+  holds L−1 for each L.
 - `target_hidden_size` × number of ids = `fc`'s input width; `hidden_size` must equal the verifier's
   (vLLM embeds the draft tokens with the verifier's embedding when the checkpoint has none).
 - `draft_vocab_size`: `lm_head` rows; when below `vocab_size` vLLM loads `d2t` (target id = draft id +
@@ -54,8 +56,10 @@ def served_config(config: dict) -> dict:
     """The EAGLE-3 `config.json` as serving stacks load it (see the module docstring for who reads what)."""
     served = {key: value for key, value in config.items() if key not in ("model_type", "auto_map")}
     layer_ids = list(config["eagle_aux_hidden_state_layer_ids"])
+    # SGLang counts a layer's output where vLLM counts its input: the same taps are one id lower there
     served.update(model_type="llama", architectures=[ARCHITECTURE],
-                  eagle_config={"eagle_aux_hidden_state_layer_ids": layer_ids, "use_aux_hidden_state": True})
+                  eagle_config={"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids],
+                                "use_aux_hidden_state": True})
     return served
 
 
@@ -82,6 +86,11 @@ def check_layout(directory: Path) -> dict:
     if not layer_ids or not all(1 <= int(i) < int(config.get("num_target_layers", 10**9)) for i in layer_ids):
         raise DraftlineError(f"{directory}: eagle_aux_hidden_state_layer_ids {layer_ids} must be non-empty ids in "
                              f"1..num_target_layers−1; {HINT}")
+    sglang_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if sglang_ids != [int(i) - 1 for i in layer_ids]:
+        raise DraftlineError(f"{directory}: eagle_config.eagle_aux_hidden_state_layer_ids {sglang_ids} must be the "
+                             f"top-level ids minus one, {[int(i) - 1 for i in layer_ids]} (SGLang taps a layer's "
+                             f"output); {HINT}")
     names = weight_names(directory)
     required = ["fc.weight", "norm.weight", "lm_head.weight", "midlayer.hidden_norm.weight"]
     required += [name.replace("layers.0.", "midlayer.") for name in layer_weights("layers.", 1, False)]
@@ -97,25 +106,37 @@ def check_layout(directory: Path) -> dict:
     return config
 
 
+def unservable_by_sglang_and_trtllm(served: dict) -> list[str]:
+    """What SGLang's and TensorRT-LLM's EAGLE-3 loaders cannot express: they load the head without an
+    error and draft wrongly, so launch.md gives no snippet for them instead."""
+    reasons = []
+    if served.get("norm_before_residual"):
+        reasons.append("norm_before_residual: true (both always take the residual before hidden_norm: "
+                       "sgl-project/sglang@03d5a77 `models/llama_eagle3.py`, NVIDIA/TensorRT-LLM@b35ac1b "
+                       "`_torch/models/modeling_speculative.py`)")
+    return reasons
+
+
+def sglang_layer_count_problem(layer_ids: list[int]) -> str | None:
+    if len(layer_ids) != 3:
+        return (f"{len(layer_ids)} tapped verifier layers, where SGLang's `fc` takes exactly 3 "
+                "(sgl-project/sglang@03d5a77 `models/llama_eagle3.py`: `hidden_size_in * 3`); "
+                "set three `train.eagle3.aux_layer_ids`")
+    return None
+
+
 def launch(served: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launch:
     k = trained_draft_tokens(drafter_dir, "eagle3")
     layer_ids = [int(i) for i in served["eagle_aux_hidden_state_layer_ids"]]
     speculative = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}
-    vocab = (f"a reduced draft vocabulary of {served['draft_vocab_size']} tokens (`d2t` maps them to verifier ids)"
-             if int(served["draft_vocab_size"]) != int(served["vocab_size"]) else "the verifier's full vocabulary")
-    markdown = f"""# Serving the EAGLE-3 head
+    blocked = unservable_by_sglang_and_trtllm(served)
+    sglang_blocked = blocked + [problem for problem in [sglang_layer_count_problem(layer_ids)] if problem]
+    sglang = (f"## SGLang\n\nNo snippet: SGLang cannot serve this head as trained: {'; '.join(sglang_blocked)}.\n"
+              if sglang_blocked else f"""## SGLang
 
-Draft model: `{draft}` (EAGLE-3 layout: `architectures: ["{ARCHITECTURE}"]`, `fc` + `midlayer` +
-`norm` + `lm_head`; the embedding is the verifier's). It predicts over {vocab}.
-Target (verifier): `{verifier}`. Draft tokens per step k = {k} (`train.eagle3.draft_tokens`, as trained);
-verifier layers feeding the head {layer_ids} (`eagle_aux_hidden_state_layer_ids`: id L is the
-input of layer L, counted from 0).
-
-{vllm_section(verifier, speculative)}
-## SGLang
-
-Not run here, and not checked against SGLang's loader code (its source is not on this machine): the
-flags are SGLang's documented EAGLE-3 ones; SGLang reads the layer ids from `eagle_config` in config.json.
+Not run here; checked against SGLang's loader code (sgl-project/sglang@03d5a77
+`python/sglang/srt/models/llama_eagle3.py`, @bf7a0e2 `models/llama.py`): it reads the tapped layers from
+`eagle_config` in config.json, where export wrote them in SGLang's numbering (one less than above).
 
 ```bash
 python -m sglang.launch_server --model-path {verifier} \\
@@ -123,10 +144,12 @@ python -m sglang.launch_server --model-path {verifier} \\
   --speculative-draft-model-path {draft} \\
   --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}
 ```
+""")
+    trtllm = (f"## TensorRT-LLM\n\nNo snippet: TensorRT-LLM cannot serve this head as trained: {'; '.join(blocked)}.\n"
+              if blocked else f"""## TensorRT-LLM (Eagle3DecodingConfig)
 
-## TensorRT-LLM (Eagle3DecodingConfig)
-
-Not run here, and not checked against TensorRT-LLM's config classes (not on this machine).
+Not run here; checked against TensorRT-LLM's config class and model (NVIDIA/TensorRT-LLM@7c7504c
+`tensorrt_llm/llmapi/llm_args.py`, @b35ac1b `_torch/models/modeling_speculative.py`).
 `eagle3_layers_to_capture` counts the *output* of layer i, so each id is one less than above.
 
 `spec.yaml`:
@@ -139,5 +162,18 @@ speculative_config:
   eagle3_layers_to_capture: {json.dumps([i - 1 for i in layer_ids])}
 ```
 
-{trtllm_serve(verifier)}"""
+{trtllm_serve(verifier)}""")
+    vocab = (f"a reduced draft vocabulary of {served['draft_vocab_size']} tokens (`d2t` maps them to verifier ids)"
+             if int(served["draft_vocab_size"]) != int(served["vocab_size"]) else "the verifier's full vocabulary")
+    markdown = f"""# Serving the EAGLE-3 head
+
+Draft model: `{draft}` (EAGLE-3 layout: `architectures: ["{ARCHITECTURE}"]`, `fc` + `midlayer` +
+`norm` + `lm_head`; the embedding is the verifier's). It predicts over {vocab}.
+Target (verifier): `{verifier}`. Draft tokens per step k = {k} (`train.eagle3.draft_tokens`, as trained);
+verifier layers feeding the head {layer_ids} (`eagle_aux_hidden_state_layer_ids`: id L is the
+input of layer L, counted from 0).
+
+{vllm_section(verifier, speculative)}
+{sglang}
+{trtllm}"""
     return Launch(markdown, speculative)
