@@ -4,8 +4,9 @@
 Runs the stage's own training step (`bootstrap_verifier.train_step`) on random tokens (throughput
 depends on shapes, not on the data) for two configs in the same process:
 
-- baseline: the settings before issue 15 (vocab 4096, batches of 8 x 128 tokens, torch's default of one
-  thread per core); both use fused AdamW (the unfused one measured within noise of it);
+- baseline: the demo verifier's earlier settings, before its retune for quality and speed (vocab
+  4096, batches of 8 x 128 tokens, torch's default of one thread per core); both use fused AdamW
+  (the unfused one measured within noise of it);
 - configured: `verifier.bootstrap` from params.yaml.
 
 MFU is achieved model FLOP/s over the machine's dense fp32 matmul peak: one core's large-matmul FLOPs

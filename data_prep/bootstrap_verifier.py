@@ -5,6 +5,8 @@ standard library's source and documentation for a fixed number of steps from a f
 params, same weights), checks its greedy continuations of held-in test prompts for loops, and saves
 a normal HF checkpoint dir. `verifier.source: hf` only checks that the named local model loads and
 records its path and content hash (no copy).
+
+Design: docs/algorithms.md#verifier.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ VALIDATION_BATCHES = 4
 # Prose paragraphs are grouped into documents so EOS is rare in prose, as in real text: with one
 # paragraph per document the verifier learns to stop after a sentence or two and text drafts starve.
 PARAGRAPHS_PER_DOCUMENT = 8
-# The quality bar of the demo verifier (issue 15): below it, drafters mostly learn to copy loops.
+# The quality bar of the demo verifier: below it, drafters mostly learn to copy loops.
 TARGET_VAL_LOSS = 4.0
 TARGET_DISTINCT_4GRAM = 0.5
 # Loop check: greedy continuations of the corpus's default test-split prompts, as build_corpus sees them.

@@ -9,6 +9,8 @@ The verifier runs through `corpus.engine` (`data_prep.engines`): in-process HF g
 serve` the stage starts (only when some shard is left to generate), or running OpenAI-compatible
 endpoints. Where the engine, its endpoints or its concurrency change between runs, finished shards
 still count: only what decides the outputs is in the fingerprint.
+
+Design: docs/algorithms.md#corpus.
 """
 
 from __future__ import annotations

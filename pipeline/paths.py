@@ -1,4 +1,5 @@
-"""Where every stage reads and writes its artifacts (the layout under `project.artifacts_dir`)."""
+"""Where every stage reads and writes its artifacts (the layout under `project.artifacts_dir`;
+what each stage reads and writes: docs/algorithms.md#artifacts)."""
 
 from __future__ import annotations
 

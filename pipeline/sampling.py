@@ -1,4 +1,4 @@
-"""Sampling and draft verification, the one place both live (DESIGN section 7).
+"""Sampling and draft verification, the one place both live (docs/algorithms.md#speculative-decoding).
 
 `warp_probs` is the distribution every sampler in draftline draws from (corpus generation, drafters,
 the verifier in speculative decoding), so p and q are always warped the same way. Verification runs

@@ -1,4 +1,4 @@
-"""Stage `evaluate`: speculative decoding of every drafter on the corpus test split (DESIGN section 7).
+"""Stage `evaluate`: speculative decoding of every drafter on the corpus test split.
 
 Per drafter x temperature x domain it measures acceptance, tau (tokens committed per verifier
 forward, bonus/correction token included), per-position acceptance, tokens/s and the speedup over
@@ -6,6 +6,8 @@ verifier-only decoding run on the same prompts in the same process (baseline and
 alternate prompt by prompt, after a warm-up). At T = 0 every speculative output is compared with
 the baseline token for token. `per_position_acceptance[i]` is the fraction of verifier steps whose
 draft position i+1 was accepted (so it is non-increasing). Writes `metrics/eval.json` and `plots/eval_*.{csv,png}`.
+
+Design: docs/algorithms.md#metrics.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Acceptance proxy (teacher-forced): at every response prediction position t, `mat
 the drafter's top-1 equals the verifier's top-1 given the corpus prefix. A k-token draft starting at
 s accepts position i iff match[s..s+i] all hold; since every earlier draft matched the verifier's
 argmax, the prefix the drafter sees equals the verifier's greedy continuation, which *is* the corpus
-response when the corpus was generated greedily (`corpus.sampling.temperature: 0`, the default). So
-on a greedy corpus this equals free-running k-token drafting at every start position; on a sampled
-corpus it is the teacher-forced approximation. All start positions are used (no sampling noise).
+response on rows generated greedily (`corpus.greedy_share` of them, or all at `corpus.sampling`
+temperature 0). So on greedy rows this equals free-running k-token drafting at every start position;
+on sampled rows it is the teacher-forced approximation. All start positions are used (no sampling noise).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Ablation of the block drafter's training choices (issue 11), run by `python -m train.bench --block-ablation`.
+"""Ablation of the block drafter's training choices, run by `python -m train.bench --block-ablation`.
 
 Every variant trains a fresh drafter for the same number of steps on the same corpus and verifier,
 then is measured the way it will be used: greedy speculative decoding of held-out prompts with the
 serving loop (`decode_tau`, per-position acceptance), next to the teacher-forced proxy. Variants
-change one thing at a time on the way from the shipped recipe (corpus-token CE, 8 sampled anchors,
-sampled responses only, unit final norm) to the new default, then try alternatives on top of it.
+change one thing at a time on the way from the original recipe (corpus-token CE, 8 sampled anchors,
+sampled responses only, unit final norm) to the current default, then try alternatives on top of it.
 Corpus rows are split by how they were generated (`temperature` column) to ablate the greedy share
 without rebuilding the corpus: `sampled`/`greedy` use one half each, `all` both.
 """

@@ -2,9 +2,9 @@
 
 Anchors are response positions (at serving time the anchor is always a token the verifier produced):
 a in [prompt_len, length − 2], so every block has at least one label (`prompt_anchors` widens training's
-range to [1, length − 2]: more blocks from a small corpus). By default every such position
-anchors a block (all in one pass, as the references do for short sequences); a sampled mode draws a
-few per step from a generator seeded by (seed, step, rank), which re-samples them every epoch, keeps
+range to [1, length − 2]: more blocks from a small corpus). With `anchors_per_sequence: all` every such
+position anchors a block (all in one pass, as the references do for short sequences); a number draws
+that many per step from a generator seeded by (seed, step, rank), which re-samples them every epoch, keeps
 runs reproducible and resumable, and gives validation a fixed set (seeded by the batch index).
 """
 

@@ -2,7 +2,7 @@
 
 Every step: one frozen verifier forward (hidden states for the context features, logits for the
 labels and the agreement metric; with `cache_verifier_outputs` only on a batch's first visit, the
-outputs are kept and reused every later epoch), the anchors (every response position by default),
+outputs are kept and reused every later epoch), the anchors (`anchors_per_sequence` per sequence),
 and one drafter forward over all blocks of every sequence with the block attention mask
 (pipeline/drafters/block/model.py: `block_attention_mask`). Labels are the verifier's own predictions (its
 argmax, or its distribution for `fkl`), not the sampled corpus tokens, unless `loss.labels: corpus`.
@@ -14,6 +14,8 @@ greedy decode of a few validation prompts every validation, `decode_tau`). Posit
 positions 1..k all match; `top1_agreement` holds P(k accepted | k−1 accepted) — the same convention as
 the AR drafter, so the simulated acceptance length is Σ_k Π_{i≤k} top1_agreement_i — and `position_top1_agreement` the plain
 per-position match rate.
+
+Design: docs/algorithms.md#block-drafter.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The training flow both drafter kinds share: load, measure untrained, fit (resuming), gather, save.
+"""The training flow every drafter kind shares: load, measure untrained, fit (resuming), gather, save.
 
 Each kind supplies a `DrafterRecipe` (its model, data, Lightning module and agreement evaluation);
-this module owns the rest so the AR and block stages cannot drift apart. Every process of a
+this module owns the rest so the kinds' training stages cannot drift apart. Every process of a
 multi-process launch runs it; only rank 0 evaluates and writes outputs.
 """
 

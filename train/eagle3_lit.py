@@ -8,6 +8,8 @@ verifier's distribution at t+j+1, weighted decay**j.
 
 Acceptance proxy: a draft at index t accepts step j when steps 0..j all match the verifier's top-1
 (teacher-forced tokens, the head's own states), the same chain convention as the other drafters.
+
+Design: docs/algorithms.md#eagle3-head.
 """
 
 from __future__ import annotations

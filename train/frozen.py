@@ -1,7 +1,7 @@
 """The frozen verifier (teacher) held *beside* a LightningModule, not inside it.
 
 A teacher registered as a submodule would be partitioned by DeepSpeed ZeRO-3 together with the
-student and gathered/partitioned on every forward (Lightning #17319: it breaks or crawls). Holding it
+student and gathered/partitioned on every forward (it breaks or crawls; docs/algorithms.md#deepspeed-on-cpu). Holding it
 in a plain object keeps it out of `parameters()`, the optimizer, ZeRO-3, checkpoints and DDP.
 """
 

@@ -1,7 +1,7 @@
 """Lightning strategies from params: `auto`, `ddp`, and DeepSpeed ZeRO-2/3 on GPUs *and* on CPU.
 
 Lightning refuses DeepSpeed without CUDA, but DeepSpeed itself runs on its CPU accelerator with gloo,
-so `CPUDeepSpeedStrategy` lifts the two Lightning-side checks (DESIGN section 10). That keeps the
+so `CPUDeepSpeedStrategy` lifts the two Lightning-side checks (docs/algorithms.md#deepspeed-on-cpu). That keeps the
 DeepSpeed path exercised in CI, not only on GPU machines.
 
 Launchers: Lightning picks the cluster environment from the standard variables (torchrun's

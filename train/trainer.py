@@ -1,8 +1,9 @@
-"""Shared training machinery for both drafters: Trainer construction, checkpoints and resume, MLflow,
-optimizer + schedule, the atomic HF save with `training.json`, and the acceptance proxy.
+"""Training machinery every drafter kind shares: Trainer construction (strategy, precision, step budget),
+checkpoints and resume, the MLflow logger, AdamW + cosine warm-up (`DrafterModule`), gathering the full
+state dict under ZeRO-3, and the atomic HF save with `training.json`.
 
-Everything here is drafter-agnostic; `ar_*` and `block_*` modules plug their LightningModule and
-DataModule into it.
+Everything here is drafter-agnostic: each kind's Lightning module (`train/ar_lit.py`, `train/block_lit.py`,
+`train/eagle3_lit.py`) plugs into it through `train/distill.py`. The acceptance proxy is `train/agreement.py`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every drafter kind by name. A new kind: its package under pipeline/drafters/ and one line here
-(and its name in `pipeline.config.DrafterName`)."""
+(and its name in `pipeline.config.base.DrafterName`)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ Both run the same `decode` loop over one verifier KV cache, so the baseline uses
 cache code the speculative loops use. Invariant between steps: the verifier cache holds every
 committed token except the last one, which is fed at the start of the next verifier forward
 together with the drafts. A rejection crops the cache back; accepted prefixes are never recomputed.
+
+Design: docs/algorithms.md#speculative-decoding.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The promotion gate (DESIGN section 9): pure functions from metrics and thresholds to a decision.
+"""The promotion gate (docs/algorithms.md#promotion-gate): pure functions from metrics and thresholds to a decision.
 
 Metrics travel as a flat mapping `name -> float` (`lossless`, `<domain>.tau`, `<domain>.speedup`, ...)
 because that is what survives a round trip through MLflow tags, so a candidate read from

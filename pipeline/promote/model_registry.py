@@ -69,7 +69,12 @@ def registered_model_name(prefix: str, verifier_id: str, kind: str) -> str:
 
 
 def tag_key(key: str) -> str:
-    """An MLflow-valid tag/metric key (DVC foreach stages are named `train@ar`)."""
+    """An MLflow-valid tag/metric/param key: anything but letters, digits, `_ - . / :` and spaces becomes `_`.
+
+    Keys embed names read from files, not chosen here: the stage names of `dvc.lock` (read as found:
+    DVC names a templated stage like `stage@item`, though this project's dvc.yaml has none) and
+    the `skipped` entries of an export manifest. MLflow refuses any other character, and with one bad
+    key a whole `log_batch`."""
     return _KEY_UNSAFE.sub("_", key)
 
 

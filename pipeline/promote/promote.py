@@ -13,6 +13,8 @@ and verifier they measured, and a drafter whose files differ now is refused befo
 With `serve_check.required` (the default) a drafter whose stage `serve_check` did not pass (it did not
 load in vLLM, its outputs differed, or it was skipped) is refused too; pass/fail is rederived from the
 recorded outputs and τ, not read from the recorded status.
+
+Design: docs/algorithms.md#promotion-gate.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Being a plain HF model is the point: vLLM, SGLang and TensorRT-LLM load it as a draft model as is.
 Drafts are verified id by id, so a drafter whose vocabulary differs from the verifier's is refused.
+
+Design: docs/algorithms.md#ar-drafter.
 """
 
 from __future__ import annotations

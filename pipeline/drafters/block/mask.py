@@ -6,6 +6,8 @@ needs *an id*, not a dedicated token: the embedding only marks the slots, positi
 Many full vocabularies (most Llama-family tokenizers) have no `<|mask|>`, so `auto` falls back, in
 order, to a reserved/unused special token, the pad or unk token, and finally the id seen least often
 in the training corpus; never an id the verifier ends or starts text with.
+
+Design: docs/algorithms.md#block-drafter.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The DFlash-style block-diffusion drafter (DESIGN section 6; arXiv 2602.06036, z-lab/dflash).
+"""The DFlash-style block-diffusion drafter (docs/algorithms.md#block-drafter; arXiv 2602.06036, z-lab/dflash).
 
 A block `[anchor, MASK × (B−1)]` is embedded with the verifier's frozen embeddings and run through a
 few Qwen3-style layers whose keys/values are `[proj(context features); proj(block)]`: the context

@@ -12,6 +12,8 @@ Weight and config names are those vLLM's `llama_eagle3.py` loads (`fc`, `midlaye
 `lm_head`, `d2t`, `t2d`; `draft_vocab_size`, `target_hidden_size`,
 `eagle_aux_hidden_state_layer_ids`, `norm_before_residual`), so the saved checkpoint needs only a
 config rewrite to be served (serving.py).
+
+Design: docs/algorithms.md#eagle3-head.
 """
 
 from __future__ import annotations
