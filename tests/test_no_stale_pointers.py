@@ -8,8 +8,8 @@ line fails when it
   what the thing is instead;
 - names a repository path that does not exist: a backticked path under a top-level folder or file of
   the repository, a backticked relative path like `block/model.py` (a suffix of no tracked path), a
-  backticked Python file name outside tests/ (other projects' files are listed), a plain path under one of the
-  packages, or a Markdown link to a local file;
+  backticked Python file name outside tests/ (other projects' files are listed), a plain path under
+  one of the packages, or a Markdown link to a local file;
 - names a module or attribute of the packages that does not exist (`pipeline.config.base.DrafterName`
   resolves; a moved name does not); `train.*` and `export.*` that are not modules read as params keys;
 - cites an anchor of a docs/ page (`docs/algorithms.md#<anchor>`, or `#<anchor>` inside the page)
@@ -66,13 +66,13 @@ def repository_files() -> list[str]:
 class Tree:
     """The repository's paths, for existence checks."""
 
-    def __init__(self, files: list[str], texts: dict[str, str] | None = None):
+    def __init__(self, files: list[str]):
         self.files = set(files)
         self.dirs = {str(parent) for name in files for parent in Path(name).parents if str(parent) != "."}
         self.top = {name.split("/")[0] for name in self.files | self.dirs}
         self.dir_names = {Path(d).name for d in self.dirs}
         self.file_names = {Path(f).name for f in self.files}
-        self.texts = texts or {}
+        self.texts: dict[str, str] = {}
 
     def text(self, name: str) -> str:
         if name not in self.texts:
@@ -86,17 +86,20 @@ class Tree:
         return any(name == path or name.endswith("/" + path) for name in self.files | self.dirs)
 
     def anchors(self, page: str) -> set[str]:
-        text = self.text(page)
-        ids = set(re.findall(r"""<a\s+(?:id|name)=["']([^"']+)["']""", text))
-        for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", text, re.MULTILINE):
-            slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-            ids.add(slug)
-        return ids
+        return anchors_in(self.text(page))
 
     def module_defines(self, module_file: str, name: str) -> bool:
         pattern = (rf"^\s*(?:async\s+)?(?:def|class)\s+{name}\b|^\s*{name}\s*[:=]"
                    rf"|^\s*(?:from|import)\s.*\b{name}\b|^\s+{name},?\s*$")
         return re.search(pattern, self.text(module_file), re.MULTILINE) is not None
+
+
+def anchors_in(markdown: str) -> set[str]:
+    """Explicit `<a id=...>` anchors and GitHub's heading slugs."""
+    ids = set(re.findall(r"""<a\s+(?:id|name)=["']([^"']+)["']""", markdown))
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", markdown, re.MULTILINE):
+        ids.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return ids
 
 
 def _clean(token: str) -> str:
@@ -162,9 +165,12 @@ def find_stale(name: str, text: str, tree: Tree) -> list[str]:
                 if re.match(r"[a-z]+:", target):
                     continue  # http(s), mailto
                 page, _, anchor = target.partition("#")
-                page = str((Path(name).parent / page)) if page else name
-                page = page.removeprefix("./")
-                if page and not tree.exists(page):
+                if not page:
+                    if anchor not in anchors_in(text):
+                        found.append(f"links to #{anchor}, an anchor this page does not define")
+                    continue
+                page = str(Path(name).parent / page).removeprefix("./")
+                if not tree.exists(page):
                     found.append(f"links to {target}, which the repository does not hold")
                 elif anchor and page in tree.files and page.endswith(".md") and anchor not in tree.anchors(page):
                     found.append(f"links to {target}, an anchor the page does not define")
@@ -210,6 +216,7 @@ PLANTED = {
     "moved attribute": "the layout in `pipeline.paths." + "ArtifactPath`",
     "missing doc anchor": "# docs/algorithms.md" + "#no-such-section",
     "missing markdown link": "[design](docs/" + "nothing.md)",
+    "missing markdown anchor": "[up](#no" + "where)",
 }
 
 
@@ -223,9 +230,11 @@ def test_a_planted_stale_pointer_is_caught(case):
 def test_live_pointers_pass():
     tree = repository_tree()
     fine = "\n".join([
-        "# docs/algorithms.md#promotion-gate; see `pipeline/promote/gate.py` and `block/model.py`",
-        "`pipeline.config.base.DrafterName`, `train.ar.trainer.strategy`, `export.kinds`, `artifacts/verifier/`",
+        "# docs/algorithms.md#promotion-gate; see `tests/test_no_stale_pointers.py` and `block/model.py`",
+        "`tests.test_no_stale_pointers.find_stale`, `train.ar.trainer.strategy`, `export.kinds`, `artifacts/verifier/`",
         "vLLM's `v1/worker/gpu_model_runner.py`, https://github.com/Lightning-AI/pytorch-lightning/issues/17319",
-        "colour #1f77b4, `pipeline/drafters/<kind>/config.py`, tests/test_gate.py",
+        "colour #1f77b4, `pipeline/drafters/<kind>/config.py`, `llama_eagle3.py`, tests/test_no_stale_pointers.py",
+        "## Top",
+        "[the design](docs/algorithms.md#speculative-decoding), [up](#top)",
     ])
     assert find_stale("fine.md", fine, tree) == []
