@@ -182,7 +182,7 @@ def train(model: Qwen3ForCausalLM, config: BootstrapConfig, train_stream: torch.
         schedule.step()
         running = loss if running is None else 0.95 * running + 0.05 * loss
         bar.update(1)
-        bar.set_postfix(loss=f"{running:.3f}", refresh=False)  # the bar prints on its own interval
+        bar.set_postfix(loss=f"{running:.3f}")
         if step % config.eval_every == 0 or step == config.max_steps:
             history.append(_evaluate(model, config, validation, step, running, start))
     bar.close()

@@ -234,7 +234,7 @@ def generate_shard(engine: Engine, config: CorpusConfig, items: list[WorkItem], 
             # for the stats only (not corpus columns)
             "retokenized": result.retokenized, "template_mismatch": result.prompt_ids != list(item.prompt_ids),
         })
-    bar.set_postfix(tokens=sum(len(r["response_ids"]) for r in rows), refresh=False)
+    bar.set_postfix(tokens=sum(len(r["response_ids"]) for r in rows))
     return rows
 
 

@@ -19,9 +19,16 @@ console = Console(stderr=True, highlight=False)
 LOG_INTERVAL_S = 30.0
 
 
-def progress(iterable: Iterable[T] | None = None, *, desc: str, total: int | None = None, unit: str = "it") -> tqdm:
+class Bar(tqdm):
+    """A tqdm bar whose postfix updates wait for its own print interval (tqdm redraws on each by default)."""
+
+    def set_postfix(self, ordered_dict=None, refresh: bool = False, **kwargs) -> None:
+        super().set_postfix(ordered_dict, refresh, **kwargs)
+
+
+def progress(iterable: Iterable[T] | None = None, *, desc: str, total: int | None = None, unit: str = "it") -> Bar:
     interval = 0.1 if sys.stderr.isatty() else LOG_INTERVAL_S
-    return tqdm(iterable, desc=desc, total=total, unit=unit, dynamic_ncols=True, file=sys.stderr, leave=True,
+    return Bar(iterable, desc=desc, total=total, unit=unit, dynamic_ncols=True, file=sys.stderr, leave=True,
                 mininterval=interval, maxinterval=max(interval, 10.0))
 
 

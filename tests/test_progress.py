@@ -10,8 +10,12 @@ SCRIPT = """
 import time
 from pipeline import progress
 progress.LOG_INTERVAL_S = {interval}
-for _ in progress.progress(range(400), desc="steps"):
+bar = progress.progress(desc="steps", total=400)
+for step in range(400):
     time.sleep(0.002)
+    bar.update(1)
+    bar.set_postfix(loss=step)  # as the training loops do, every step
+bar.close()
 """
 
 
