@@ -266,7 +266,9 @@ def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
     tokenizer = tiny_tokenizer()
     paths = ArtifactPaths.from_params(parse_all(yaml.safe_load(write_params(tmp_path).read_text())))
     write_corpus(tokenizer, paths.corpus)
-    tokenizer.save_pretrained(tmp_path / "v")  # what serve_check hashes of an external verifier: its files
+    # what serve_check hashes of an external verifier: its files (a model dir: config.json and tokenizer)
+    tiny_qwen3(len(tokenizer), num_layers=1).config.save_pretrained(tmp_path / "v")
+    tokenizer.save_pretrained(tmp_path / "v")
     record = write_record(paths.verifier, source="hf", name_or_path=str(tmp_path / "v"), id_prefix="v",
                           model_dir=tmp_path / "v")
     for kind in DRAFTER_NAMES:
