@@ -37,7 +37,8 @@ from pipeline.progress import info, print_summary
 def bench_model(params: CorpusParams):
     paths = ArtifactPaths.from_params(params)
     if (paths.verifier / "verifier.json").is_file():
-        model, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
+        model, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code,
+                                         params.verifier.allow_pickle_weights)
         return model, tokenizer, f"demo verifier ({paths.verifier})"
     texts = [prompt for _, prompt in zip(range(2000), stdlib_code_prompts())]
     tokenizer = train_bpe_tokenizer(texts, params.verifier.bootstrap.vocab_size)

@@ -328,7 +328,8 @@ def resolve_external(config: VerifierConfig) -> Path:
 def record_external(params: VerifierParams, paths: ArtifactPaths) -> None:
     config = params.verifier
     location = resolve_external(config)
-    model, _ = load_model_and_tokenizer(str(location), config.dtype, config.trust_remote_code)
+    model, _ = load_model_and_tokenizer(str(location), config.dtype, config.trust_remote_code,
+                                        config.allow_pickle_weights)
     with atomic_dir(paths.verifier) as tmp:
         record = write_record(tmp, source="hf", name_or_path=str(location), id_prefix=Path(config.name_or_path).name,
                               trust_remote_code=config.trust_remote_code, model_dir=location)

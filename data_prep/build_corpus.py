@@ -97,7 +97,8 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, user_text: str) -> list[
     thread = threading.Thread(target=render, daemon=True)
     thread.start()
     thread.join(CHAT_TEMPLATE_TIMEOUT_S)
-    fix = "fix or remove chat_template in the verifier's tokenizer_config.json, or set chat: false on the source"
+    fix = ("fix or remove the verifier's chat template (chat_template.jinja, or chat_template in tokenizer_config.json), "
+           "or set chat: false on the source")
     if not outcome:
         raise DraftlineError(f"the verifier's chat template did not render within {CHAT_TEMPLATE_TIMEOUT_S:g} s; {fix}")
     if isinstance(outcome[0], Exception):
@@ -162,9 +163,10 @@ def fingerprint(verifier_hash: str, config: CorpusConfig, items: list[WorkItem])
     return digest.hexdigest()[:16]
 
 
-def load_verifier_tokenizer(location: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+def load_verifier_tokenizer(location: str, trust_remote_code: bool,
+                            allow_pickle_weights: bool = False) -> PreTrainedTokenizerBase:
     return load_pretrained(AutoTokenizer.from_pretrained, Path(location), "the verifier's tokenizer",
-                           "check verifier.name_or_path", trust_remote_code)
+                           "check verifier.name_or_path", trust_remote_code, allow_pickle_weights)
 
 
 # --------------------------------------------------------------------------- shards
@@ -344,9 +346,11 @@ def run(params: CorpusParams, args: argparse.Namespace) -> None:
     record = read_record(paths)
     location = model_location(paths, record)
     if config.engine == "hf":
-        model, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
+        model, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code,
+                                         params.verifier.allow_pickle_weights)
     else:  # the server holds the model; this process needs only the tokenizer
-        model, tokenizer = None, load_verifier_tokenizer(location, params.verifier.trust_remote_code)
+        model, tokenizer = None, load_verifier_tokenizer(location, params.verifier.trust_remote_code,
+                                                          params.verifier.allow_pickle_weights)
     identity = verifier_identity(paths)
     items = work_items(config, tokenizer)
     key = fingerprint(identity["hash"], config, items)

@@ -100,7 +100,8 @@ def read_records(path: Path) -> list[dict]:
 
             return pq.read_table(path).to_pylist()
         opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as handle:
+        # utf-8-sig: files saved on Windows often start with a BOM, which json rejects
+        with opener(path, "rt", encoding="utf-8-sig") as handle:
             if name.endswith((".jsonl", ".jsonl.gz")):
                 return _jsonl_records(handle, path)
             if name.endswith((".json", ".json.gz")):
@@ -108,6 +109,8 @@ def read_records(path: Path) -> list[dict]:
                 return data if isinstance(data, list) else _single_list(data, path)
     except (OSError, ValueError, EOFError) as error:
         raise DraftlineError(f"cannot read prompt file {path} ({error}); check that it is valid") from None
+    except RecursionError:  # the json module recurses once per level of nesting
+        raise DraftlineError(f"cannot read prompt file {path} (JSON nested too deeply); check that it is valid") from None
     raise DraftlineError(f"prompt file {path}: unsupported format; use .json, .jsonl, .jsonl.gz or .parquet")
 
 
@@ -120,6 +123,9 @@ def _jsonl_records(handle, path: Path) -> list[dict]:
             records.append(json.loads(line))
         except ValueError as error:  # its own position would say "line 1": the file line is what helps
             raise DraftlineError(f"prompt file {path}: line {number} is not valid JSON ({error.msg}); "
+                                 "fix or remove that line") from None
+        except RecursionError:
+            raise DraftlineError(f"prompt file {path}: line {number} is JSON nested too deeply; "
                                  "fix or remove that line") from None
     return records
 
@@ -148,12 +154,16 @@ def field_value(record: object, field: str) -> object:
 def map_records(records: Iterable[dict], config: PromptSourceConfig, origin: str) -> list[Prompt]:
     records = list(records)
     prompts = []
-    skipped = empty = 0
+    skipped = empty = unencodable = 0
     for record in records:
         text = field_value(record, config.prompt_field)
         if not isinstance(text, str) or not text.strip():
             skipped += 1
             empty += isinstance(text, str)
+            continue
+        if not _is_utf8(text):  # a JSON escape like "\ud800" decodes to a lone surrogate no tokenizer takes
+            skipped += 1
+            unencodable += 1
             continue
         domain = config.domain
         if config.domain_field:
@@ -169,12 +179,29 @@ def map_records(records: Iterable[dict], config: PromptSourceConfig, origin: str
         if empty:
             raise DraftlineError(f"{origin}: every '{config.prompt_field}' is empty or whitespace ({empty} of "
                                  f"{len(records)} records); fill them in or point prompt_field at another field")
+        if unencodable:
+            raise DraftlineError(f"{origin}: every '{config.prompt_field}' holds invalid Unicode (lone surrogates, "
+                                 f"{unencodable} of {len(records)} records); fix the file's text")
+        found = field_value(records[0], config.prompt_field)
+        if found is not None:  # the field is there but holds an object, list or number
+            raise DraftlineError(f"{origin}: '{config.prompt_field}' is not text in any record (the first holds a "
+                                 f"{type(found).__name__}); point prompt_field at the text inside it with a dotted path "
+                                 f"('{config.prompt_field}.<key>' or '{config.prompt_field}.0')")
         raise DraftlineError(
             f"{origin}: no record has a text field '{config.prompt_field}' (fields: {keys}); fix prompt_field"
         )
     if skipped:
-        info(f"{origin}: skipped {skipped} of {len(records)} records without a text '{config.prompt_field}'")
+        invalid = f" ({unencodable} of them invalid Unicode)" if unencodable else ""
+        info(f"{origin}: skipped {skipped} of {len(records)} records without a text '{config.prompt_field}'{invalid}")
     return prompts
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def hf_records(config: PromptSourceConfig) -> list[dict]:
@@ -200,7 +227,11 @@ def load_source(config: PromptSourceConfig) -> list[Prompt]:
     elif config.kind == "stdlib_text":
         prompts = [Prompt(text, config.fixed_domain, "stdlib_text") for text in stdlib_text_prompts()]
     elif config.kind == "file":
-        path = Path(config.path).expanduser()
+        try:
+            path = Path(config.path).expanduser()
+        except RuntimeError:  # `~someone/` for a user this machine does not know
+            raise DraftlineError(f"prompt file {config.path}: cannot expand '~' (no such user or home directory); "
+                                 "fix corpus.sources[].path") from None
         prompts = map_records(read_records(path), config, path.name)
     else:
         prompts = map_records(hf_records(config), config, f"hf:{config.name}")

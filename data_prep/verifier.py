@@ -7,6 +7,7 @@ external local path / cached HF name (source `hf`). Nothing downstream needs to 
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ from transformers.utils import logging as transformers_logging
 
 from pipeline.atomic import write_json_atomic
 from pipeline.errors import DraftlineError
-from pipeline.integrity import check_loadable_dir, safetensors_shapes
+from pipeline.integrity import check_loadable_dir, refused_global, safetensors_shapes
 from pipeline.lineage import library_versions, model_identity
 from pipeline.paths import ArtifactPaths
 
@@ -54,8 +55,30 @@ def write_record(directory: Path, *, source: str, name_or_path: str, id_prefix: 
 
 
 def verifier_identity(paths: ArtifactPaths) -> dict:
+    """The verifier's id and hash, the hash recomputed from its files now. `verifier.json` is a file anyone
+    can edit and, for an external verifier, the model lives outside what DVC tracks: training fingerprints,
+    corpus shards, exports, metrics and registered model names all bind to this identity, so it must be
+    the identity of the weights that are actually there."""
     record = read_record(paths)
-    return {"id": record["id"], "hash": record["hash"], "source": record["source"]}
+    record_path = paths.verifier / RECORD_NAME
+    location = Path(model_location(paths, record))
+    if record["source"] == "bootstrap":
+        fix = "restore it (`dvc checkout bootstrap_verifier`) or rebuild it (`dvc repro bootstrap_verifier`)"
+    else:  # DVC does not track the external model's files, so only a forced run re-records it
+        fix = "re-record it with `dvc repro -f bootstrap_verifier` (or `draftline bootstrap_verifier`)"
+    if not (location / "config.json").is_file():  # never hash whatever tree the record points at ("/")
+        raise DraftlineError(f"the verifier recorded in {record_path} is not at {location} (no config.json); {fix}")
+    try:
+        now = model_identity(location)
+    except OSError as error:
+        raise DraftlineError(f"cannot read the verifier at {location} ({error}); {fix}") from None
+    if now != record["hash"]:
+        raise DraftlineError(f"the verifier at {location} is not the one {record_path} recorded (its files hash to "
+                             f"{now[:12]}, recorded {str(record['hash'])[:12]}); {fix}")
+    if not str(record["id"]).endswith(f"-{now[:12]}"):  # registered model names are built from the id
+        raise DraftlineError(f"{record_path}: id '{record['id']}' is not one bootstrap_verifier gives the verifier "
+                             f"with hash {now[:12]}; {fix}")
+    return {"id": record["id"], "hash": now, "source": record["source"]}
 
 
 def model_location(paths: ArtifactPaths, record: dict) -> str:
@@ -64,26 +87,35 @@ def model_location(paths: ArtifactPaths, record: dict) -> str:
 
 
 def load_model_and_tokenizer(
-    location: str, dtype: str = "float32", trust_remote_code: bool = False
+    location: str, dtype: str = "float32", trust_remote_code: bool = False, allow_pickle_weights: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Local files only, safetensors only; the model comes back frozen in eval mode."""
+    """Local files only; safetensors only unless `allow_pickle_weights` (then pickled weights are unpickled
+    weights-only: tensors, never code); the model comes back frozen in eval mode."""
     transformers_logging.disable_progress_bar()  # weight-loading bars would drown the stage's own
     if Path(location).is_dir():  # a truncated weights file is one line here, not a loader traceback
         fix = "restore the verifier's files (or re-run `dvc repro bootstrap_verifier`)"
-        check_loadable_dir(Path(location), fix, trust_remote_code)
-        safetensors_shapes(Path(location), fix)
+        check_loadable_dir(Path(location), fix, trust_remote_code, allow_pickle_weights)
+        safetensors_shapes(Path(location), fix, allow_pickle_weights)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            location, dtype=_DTYPES[dtype], use_safetensors=True,
-            trust_remote_code=trust_remote_code, local_files_only=True,
+            location, dtype=_DTYPES[dtype], use_safetensors=None if allow_pickle_weights else True,
+            weights_only=True, trust_remote_code=trust_remote_code, local_files_only=True,
         )
         tokenizer = AutoTokenizer.from_pretrained(
             location, trust_remote_code=trust_remote_code, local_files_only=True
         )
-    except (OSError, ValueError, KeyError, ImportError) as error:
+    except pickle.UnpicklingError as error:
+        raise DraftlineError(
+            f"verifier '{location}': its pickled weights hold objects that are not tensors ({refused_global(error)}), "
+            "which could run code when loaded, so they are refused even with verifier.allow_pickle_weights; "
+            "convert them to safetensors"
+        ) from None
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as error:
+        # RuntimeError: torch's reader on a truncated pickled checkpoint (allow_pickle_weights)
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise DraftlineError(
-            f"cannot load verifier '{location}' as a causal LM with safetensors weights ({first_line}); "
+            f"cannot load verifier '{location}' as a causal LM with "
+            f"{'its' if allow_pickle_weights else 'safetensors'} weights ({first_line}); "
             "check verifier.name_or_path (a local dir or a model in the local HF cache)"
         ) from None
     tokenizer.padding_side = "left"
@@ -95,11 +127,11 @@ def load_model_and_tokenizer(
 
 
 def load_verifier(paths: ArtifactPaths, dtype: str = "float32", trust_remote_code: bool = False,
-                  ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+                  allow_pickle_weights: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """`trust_remote_code` comes from params only: the flag recorded in the artifact is informational,
     so editing a file under artifacts/ can never switch on running a model's own code."""
     record = read_record(paths)
     location = model_location(paths, record)
     if record["source"] == "bootstrap" and not (paths.verifier / "config.json").is_file():
         raise DraftlineError(f"{paths.verifier} has {RECORD_NAME} but no checkpoint; {_MISSING_HINT}")
-    return load_model_and_tokenizer(location, dtype, trust_remote_code)
+    return load_model_and_tokenizer(location, dtype, trust_remote_code, allow_pickle_weights)

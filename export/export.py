@@ -147,7 +147,8 @@ def run(params: ExportParams, args: argparse.Namespace) -> None:
             raise DraftlineError(f"no {kind} drafter at {paths.drafter(kind)}; run `dvc repro train_{kind}` "
                                  f"(or remove '{kind}' from export.kinds)")
     identity = verifier_identity(paths)
-    verifier, verifier_tok = load_verifier(paths, trust_remote_code=params.verifier.trust_remote_code)
+    verifier, verifier_tok = load_verifier(paths, trust_remote_code=params.verifier.trust_remote_code,
+                                           allow_pickle_weights=params.verifier.allow_pickle_weights)
     texts = _parity_texts(params, paths)
     summary: dict[str, object] = {}
     for kind in kinds:

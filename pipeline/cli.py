@@ -34,7 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def report_error(error: BaseException) -> int:
+    from pipeline.progress import close_progress_bars  # here, not at the top: `draftline --help` stays fast
+
     code = getattr(error, "exit_code", 1)
+    close_progress_bars()  # so that the error stays the last line
     print(f"draftline: error: {error}", file=sys.stderr)
     return code
 
@@ -82,6 +85,9 @@ def run_stage(
     except DraftlineError as error:
         return report_error(error)
     except KeyboardInterrupt:
+        from pipeline.progress import close_progress_bars
+
+        close_progress_bars()
         print("draftline: interrupted", file=sys.stderr)
         return 130
     return 0

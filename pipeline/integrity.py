@@ -4,17 +4,17 @@ loader traceback (or, worse, a model that loads and computes garbage)."""
 from __future__ import annotations
 
 import json
+import pickle
+import re
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from pipeline.errors import DraftlineError
-from pipeline.lineage import hash_file, model_identity
+from pipeline.lineage import PICKLE_SUFFIXES, hash_file, model_identity
 
 MASK_TOKEN = "<|mask|>"  # the block drafter's mask token, when a tokenizer has no mask_token of its own
-# Weight formats that unpickle (and so can run code) when loaded; only *.safetensors are ever read.
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 _CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
 
 
@@ -27,6 +27,9 @@ def verify_manifest(directory: Path, manifest_name: str = "manifest.json") -> No
         raise DraftlineError(f"{manifest_path} is unreadable ({error}); re-run `dvc repro export`") from None
     for relative, recorded in sorted(files.items()):
         path = directory / relative
+        # only regular files inside the export: hashing `/dev/zero` or a FIFO the manifest names would never end
+        if not path.resolve().is_relative_to(directory.resolve()):
+            raise DraftlineError(f"{manifest_path} lists {relative}, outside {directory}; re-run `dvc repro export`")
         if not path.is_file():
             raise DraftlineError(f"{path} listed in {manifest_path} is missing; re-run `dvc repro export`")
         if path.stat().st_size != recorded["bytes"] or hash_file(path) != recorded["sha256"]:
@@ -44,6 +47,16 @@ def measured_artifacts(drafter_dir: Path, export_dir: Path) -> dict[str, str | N
             "export_manifest_sha256": hash_file(manifest) if manifest.is_file() else None}
 
 
+def refuse_special_files(directory: Path, fix: str) -> None:
+    """A FIFO, socket or device in a model directory would block (or never end) the first read of it."""
+    directory = Path(directory)
+    special = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*")
+                     if not p.is_file() and not p.is_dir())
+    if special:
+        raise DraftlineError(f"{directory} holds {', '.join(special)}, which is not a regular file (a FIFO, socket, "
+                             f"device or broken link); {fix}")
+
+
 def refuse_pickled_weights(directory: Path, fix: str) -> None:
     """Pickled weights execute code when unpickled, and from_pretrained may load them instead of the
     *.safetensors that the header checks read."""
@@ -55,11 +68,21 @@ def refuse_pickled_weights(directory: Path, fix: str) -> None:
                              f"loaded; only *.safetensors are loaded: remove them or convert to safetensors; {fix}")
 
 
-def check_loadable_dir(directory: Path, fix: str, trust_remote_code: bool = False) -> None:
-    """The gate before transformers reads any model or tokenizer directory: no pickles, and no `auto_map`
-    (Python files in the directory that transformers would import) unless the user's params trust them."""
+def refused_global(error: pickle.UnpicklingError) -> str:
+    """The global a weights-only unpickler refused, from torch's multi-paragraph message."""
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    return found.group(1) if found else "objects a weights-only load refuses"
+
+
+def check_loadable_dir(directory: Path, fix: str, trust_remote_code: bool = False,
+                       allow_pickle_weights: bool = False) -> None:
+    """The gate before transformers reads any model or tokenizer directory: no pickles (unless the user's
+    params allow them for the verifier: the loader then unpickles weights-only), and no `auto_map` (Python
+    files in the directory that transformers would import) unless the user's params trust them."""
     directory = Path(directory)
-    refuse_pickled_weights(directory, fix)
+    refuse_special_files(directory, fix)
+    if not allow_pickle_weights:
+        refuse_pickled_weights(directory, fix)
     if trust_remote_code:
         return
     for name in _CODE_CONFIGS:
@@ -72,10 +95,11 @@ def check_loadable_dir(directory: Path, fix: str, trust_remote_code: bool = Fals
                                  f"{json.dumps(config['auto_map'])}) and trust_remote_code is off; {fix}")
 
 
-def load_pretrained(load, directory: Path, what: str, fix: str, trust_remote_code: bool = False, **kwargs):
+def load_pretrained(load, directory: Path, what: str, fix: str, trust_remote_code: bool = False,
+                    allow_pickle_weights: bool = False, **kwargs):
     """`load(directory)` (a `from_pretrained`) behind `check_loadable_dir`, local files only, the remote-code
     flag always explicit (never an interactive prompt); loader errors become one line."""
-    check_loadable_dir(directory, fix, trust_remote_code)
+    check_loadable_dir(directory, fix, trust_remote_code, allow_pickle_weights)
     try:
         return load(str(directory), trust_remote_code=trust_remote_code, local_files_only=True, **kwargs)
     except (OSError, ValueError, KeyError, ImportError, TypeError) as error:
@@ -87,12 +111,14 @@ def load_tokenizer(directory: Path, what: str, fix: str) -> PreTrainedTokenizerB
     return load_pretrained(AutoTokenizer.from_pretrained, directory, what, fix)
 
 
-def safetensors_shapes(directory: Path, fix: str) -> dict[str, list[int]]:
-    """Tensor name -> shape from the headers of every `*.safetensors` file (no weights are read)."""
-    refuse_pickled_weights(directory, fix)
+def safetensors_shapes(directory: Path, fix: str, allow_pickle_weights: bool = False) -> dict[str, list[int]]:
+    """Tensor name -> shape from the headers of every `*.safetensors` file (no weights are read); with
+    `allow_pickle_weights`, a directory of pickled weights only has none to check."""
+    if not allow_pickle_weights:
+        refuse_pickled_weights(directory, fix)
     shapes: dict[str, list[int]] = {}
     files = sorted(directory.glob("*.safetensors"))
-    if not files:
+    if not files and not allow_pickle_weights:
         raise DraftlineError(f"{directory} has no *.safetensors weights; {fix}")
     for path in files:
         try:
@@ -124,6 +150,7 @@ def check_drafter_matches_verifier(directory: Path, verifier_config, what: str, 
     it carries must be exactly the verifier's width (a narrower head would crash sampling at T>0,
     a wider one would propose ids the verifier cannot score)."""
     vocab = verifier_config.vocab_size
+    refuse_special_files(directory, fix)  # before reading config.json: a FIFO there would block
     try:
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:

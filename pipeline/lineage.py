@@ -25,6 +25,9 @@ VERSION_TAG_PREFIX = "library."
 _JSON_FILES = frozenset({"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                          "special_tokens_map.json", "added_tokens.json", "vocab.json", "chat_template.json"})
 _RAW_FILES = frozenset({"merges.txt", "tokenizer.model", "chat_template.jinja"})
+# Weight formats that unpickle (and so can run code) when loaded. Only a verifier with
+# `verifier.allow_pickle_weights` loads them (weights-only); its identity then covers their bytes.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # Stamps of the library that saved the file and of how and where it was loaded (transformers writes a
 # loaded tokenizer's `is_local` / `local_files_only` back on save), not of the model.
 _VOLATILE_KEYS = frozenset({"transformers_version", "_name_or_path", "name_or_path", "_commit_hash", "is_local",
@@ -98,7 +101,7 @@ def _tensor_digests(path: Path) -> dict[str, str]:
 def model_identity(directory: Path) -> str:
     """sha256 over what defines a checkpoint: every tensor (name, dtype, shape, bytes, whichever shard it
     is in), the config / generation config / tokenizer files as canonical JSON without version and path
-    stamps, and remote code. Library upgrades that only re-stamp files keep it; a changed weight, shape,
+    stamps, remote code and any pickled weights. Library upgrades that only re-stamp files keep it; a changed weight, shape,
     config value or vocabulary changes it."""
     directory = Path(directory)
     digest = hashlib.sha256()
@@ -110,7 +113,7 @@ def model_identity(directory: Path) -> str:
                 tensors.update(_tensor_digests(file))
             elif file.name in _JSON_FILES:
                 digest.update(f"{relative}\0".encode() + hashlib.sha256(canonical_json(file)).hexdigest().encode())
-            elif file.name in _RAW_FILES or file.suffix == ".py":
+            elif file.name in _RAW_FILES or file.suffix == ".py" or file.suffix.lower() in PICKLE_SUFFIXES:
                 digest.update(f"{relative}\0".encode() + hash_file(file).encode())
         except (ValueError, KeyError, TypeError):
             # A damaged file still has an identity (its bytes): the loaders' checks say what is wrong with it.

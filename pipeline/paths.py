@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pipeline.config.base import DrafterName
 from pipeline.config.stage_params import StageParams
+from pipeline.errors import DraftlineError
 
 
 @dataclass(frozen=True)
@@ -19,11 +20,16 @@ class ArtifactPaths:
     @classmethod
     def from_params(cls, params: StageParams, base: Path | str = ".") -> "ArtifactPaths":
         base = Path(base)
-        return cls(
+        paths = cls(
             root=base / params.project.artifacts_dir,
             metrics=base / params.project.metrics_dir,
             plots=base / params.project.plots_dir,
         )
+        for key, path in (("artifacts_dir", paths.root), ("metrics_dir", paths.metrics), ("plots_dir", paths.plots)):
+            if path.exists() and not path.is_dir():  # else a stage's first mkdir there is a traceback
+                raise DraftlineError(f"project.{key} '{path}' exists and is not a directory; move it away or "
+                                     f"point project.{key} elsewhere")
+        return paths
 
     @property
     def verifier(self) -> Path:

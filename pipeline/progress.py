@@ -32,6 +32,13 @@ def progress(iterable: Iterable[T] | None = None, *, desc: str, total: int | Non
                 mininterval=interval, maxinterval=max(interval, 10.0))
 
 
+def close_progress_bars() -> None:
+    """Finish every bar still open: a step that raised never closed its own, and the bar would otherwise
+    redraw itself after the stage's error line, at exit."""
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
 def print_summary(title: str, rows: Mapping[str, object]) -> None:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("key", style="bold")

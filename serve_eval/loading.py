@@ -24,7 +24,7 @@ def load_verifier_for_decoding(paths: ArtifactPaths, config: VerifierConfig,
                                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from data_prep.verifier import load_verifier
 
-    verifier, tokenizer = load_verifier(paths, config.dtype, config.trust_remote_code)
+    verifier, tokenizer = load_verifier(paths, config.dtype, config.trust_remote_code, config.allow_pickle_weights)
     return verifier.to(decoding_device()), tokenizer
 
 

@@ -395,6 +395,27 @@ def test_invalid_responses_are_retried_then_refused(monkeypatch, poison, expecte
         server.shutdown()
 
 
+def test_text_spelling_a_special_token_is_retokenised_as_text(monkeypatch):
+    """A server that returns only text has stripped special tokens from it (skip_special_tokens defaults to
+    true): `<|endoftext|>` in that text was written with ordinary tokens and must not become the EOS id."""
+    tokenizer = tiny_tokenizer()
+    url, state, server = start_fake(tokenizer)
+
+    def text_only(reply):
+        choice = reply["choices"][0]
+        del choice["token_ids"]
+        choice.update(text=f"a{tokenizer.eos_token}b", finish_reason="length")
+        return reply
+    try:
+        engine = OpenAIEngine([url], tokenizer, CorpusConfig(engine="openai", endpoints=[url]), name="openai")
+        state.poison, state.poison_first = text_only, 1
+        [result] = engine.generate([Request((5, 6), SamplingConfig(), 30, 0)], lambda n: None)
+    finally:
+        server.shutdown()
+    assert result.retokenized and tokenizer.eos_token_id not in result.response_ids
+    assert tokenizer.decode(result.response_ids) == f"a{tokenizer.eos_token}b"
+
+
 def test_a_bad_server_never_commits_a_shard_and_a_poisoned_shard_is_regenerated(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(openai_client, "BACKOFF_S", 0.01)
     url, state, server = start_fake(chat_tokenizer())

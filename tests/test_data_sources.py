@@ -153,3 +153,48 @@ def test_records_without_the_prompt_field_are_counted(tmp_path, capsys):
     prompts = load_source(PromptSourceConfig(kind="file", path=str(path), domain="text"))
     assert [p.prompt for p in prompts] == ["a"]
     assert "skipped 2 of 3 records without a text 'prompt'" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("name, content, expected", [
+    ("deep.json", "[" * 100000 + "]" * 100000, "deep.json .JSON nested too deeply"),
+    ("deep.jsonl", '{"prompt": "a"}\n' + "[" * 100000 + "]" * 100000 + "\n", "line 2 is JSON nested too deeply"),
+])
+def test_json_nested_too_deeply_is_a_clear_error(tmp_path, name, content, expected):
+    """The json module recurses once per level: a hostile file would otherwise end in a RecursionError."""
+    (tmp_path / name).write_text(content)
+    with pytest.raises(DraftlineError, match=expected):
+        load_source(PromptSourceConfig(kind="file", path=str(tmp_path / name), domain="text"))
+
+
+def test_prompts_that_are_not_valid_unicode_are_skipped_and_counted(tmp_path, capsys):
+    """A JSON escape like \\ud800 decodes to a lone surrogate, which no tokenizer (or hash) can encode."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "fine"}\n{"prompt": "bad \\ud800 text"}\n')
+    prompts = load_source(PromptSourceConfig(kind="file", path=str(path), domain="text"))
+    assert [p.prompt for p in prompts] == ["fine"]
+    assert [p.prompt for p in deduplicate(prompts)] == ["fine"]  # selection hashes every prompt it keeps
+    assert "skipped 1 of 2 records without a text 'prompt' (1 of them invalid Unicode)" in " ".join(
+        capsys.readouterr().err.split())
+    path.write_text('{"prompt": "bad \\ud800 text"}\n')
+    with pytest.raises(DraftlineError, match="invalid Unicode .lone surrogates, 1 of 1"):
+        load_source(PromptSourceConfig(kind="file", path=str(path), domain="text"))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".jsonl.gz"])
+def test_a_utf8_byte_order_mark_is_read_past(tmp_path, suffix):
+    """Files saved on Windows often start with a BOM, which json.loads rejects."""
+    text = '{"prompt": "a"}\n{"prompt": "b"}\n' if suffix != ".json" else '[{"prompt": "a"}, {"prompt": "b"}]'
+    data = b"\xef\xbb\xbf" + text.encode()
+    path = tmp_path / f"p{suffix}"
+    path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    prompts = load_source(PromptSourceConfig(kind="file", path=str(path), domain="text"))
+    assert [p.prompt for p in prompts] == ["a", "b"]
+
+
+def test_a_prompt_field_holding_an_object_says_so(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": {"text": "a"}}) + "\n")
+    with pytest.raises(DraftlineError, match=r"'prompt' is not text in any record \(the first holds a dict\)"):
+        load_source(PromptSourceConfig(kind="file", path=str(path), domain="text"))
+    prompts = load_source(PromptSourceConfig(kind="file", path=str(path), prompt_field="prompt.text", domain="text"))
+    assert [p.prompt for p in prompts] == ["a"]

@@ -147,7 +147,7 @@ def test_trust_remote_code_comes_from_params_not_the_artifact(project, monkeypat
     record_path.write_text(json.dumps({**record, "trust_remote_code": True}))
     seen = []
     monkeypatch.setattr(verifier_module, "load_model_and_tokenizer",
-                        lambda location, dtype, trust_remote_code: seen.append(trust_remote_code))
+                        lambda location, dtype, trust_remote_code, allow_pickle_weights: seen.append(trust_remote_code))
     try:
         verifier_module.load_verifier(ArtifactPaths(project / "artifacts", project, project))
         verifier_module.load_verifier(ArtifactPaths(project / "artifacts", project, project), trust_remote_code=True)

@@ -14,7 +14,8 @@ import yaml
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.lineage import hash_dir, hash_file
+from data_prep.verifier import write_record
+from pipeline.lineage import hash_file, model_identity
 from tests.tiny_models import save_tiny_eagle3, tiny_qwen3
 
 BLOCK_SIZE = 4
@@ -60,8 +61,7 @@ def _block_drafter(tokenizer, directory: Path) -> None:
 def write_artifacts(root: Path, tiny_verifier_dir: Path) -> None:
     verifier_dir = root / "verifier"
     shutil.copytree(tiny_verifier_dir, verifier_dir)
-    (verifier_dir / "verifier.json").write_text(json.dumps(
-        {"source": "bootstrap", "name_or_path": str(verifier_dir), "hash": hash_dir(tiny_verifier_dir), "id": "tiny"}))
+    write_record(verifier_dir, source="bootstrap", name_or_path=str(verifier_dir), id_prefix="tiny")
     tokenizer = AutoTokenizer.from_pretrained(verifier_dir)
     verifier = AutoModelForCausalLM.from_pretrained(verifier_dir)
     _corpus(tokenizer, root / "corpus")
@@ -116,7 +116,8 @@ def test_manifest_hashes_and_io(exported, kind, tiny_verifier_dir):
     for relative, entry in manifest["files"].items():
         assert entry["sha256"] == hash_file(out / relative), relative
     assert {"model.onnx", "model.onnx.data", "parity.json", "launch.md", "serving/config.json"} <= set(manifest["files"])
-    assert manifest["verifier"] == {"id": "tiny", "hash": hash_dir(tiny_verifier_dir)}
+    identity = model_identity(tiny_verifier_dir)
+    assert manifest["verifier"] == {"id": f"tiny-{identity[:12]}", "hash": identity}
     assert manifest["onnx"]["opset"] == 18
     input_names = [t["name"] for t in manifest["onnx"]["inputs"]]
     assert input_names[:2] == {"ar": ["input_ids", "position_ids"], "block": ["anchor_ids", "anchor_positions"],

@@ -21,6 +21,7 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
+from data_prep.verifier import write_record
 from pipeline.integrity import measured_artifacts
 from pipeline.lineage import model_identity
 from pipeline.promote import promote, registry_cmd
@@ -48,7 +49,6 @@ class Workspace:
 
     def __init__(self, root: Path, store_uri: str, verifier_id: str, tokenizer_dir: Path):
         self.root = root
-        self.verifier_id = verifier_id
         self.tokenizer_dir = tokenizer_dir
         self.params = root / "params.yaml"
         self.params.write_text(yaml.safe_dump({"tracking": {"uri": store_uri, "experiment": EXPERIMENT}, "promote": {
@@ -59,11 +59,12 @@ class Workspace:
             "cmd": "python -m train.dispatch --drafter ar",
             "deps": [{"path": "artifacts/corpus", "md5": "a" * 32 + ".dir"}],
             "outs": [{"path": "artifacts/drafters/ar", "md5": "b" * 32 + ".dir"}]}}}))
-        self.verifier_hash = f"hash-{verifier_id}"
-        record = root / "artifacts/verifier/verifier.json"
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"source": "hf", "name_or_path": "/models/v", "hash": self.verifier_hash,
-                                      "id": verifier_id}))
+        # promotion hashes the verifier's files (it never loads them): a config naming it is a verifier here
+        verifier_dir = root / "artifacts/verifier"
+        verifier_dir.mkdir(parents=True, exist_ok=True)
+        (verifier_dir / "config.json").write_text(json.dumps({"model_type": "qwen3", "test_verifier": verifier_id}))
+        record = write_record(verifier_dir, source="bootstrap", name_or_path=str(verifier_dir), id_prefix=verifier_id)
+        self.verifier_id, self.verifier_hash = record["id"], record["hash"]
 
     def name(self, kind: str) -> str:
         return registered_model_name("dl", self.verifier_id, kind)
@@ -172,7 +173,7 @@ def test_first_drafter_promotes_with_metrics_and_lineage(history):
     version = history["registry"].version(history["ws"].name("ar"), "1")
     tags = version.tags
     assert float(tags["metric.code.tau"]) == 2.0 and float(tags["metric.lossless"]) == 1.0
-    assert tags["lineage.verifier_hash"] == "hash-tiny/verifier" and tags["lineage.git_commit"] == "abc123"
+    assert tags["lineage.verifier_hash"] == history["ws"].verifier_hash and tags["lineage.git_commit"] == "abc123"
     assert tags["dvc.train_ar"] and tags["export.skipped.tensorrt"] == "no CUDA device"
     assert tags["export.onnx"] == "absent" and len(tags["export.manifest_sha256"]) == 64
     # the evaluation run is a child of the training run, so the drafter's history is one click away
@@ -186,7 +187,7 @@ def test_first_drafter_promotes_with_metrics_and_lineage(history):
 def test_block_falls_back_to_training_output_and_records_missing_training_run(history):
     block = history["good"]["drafters"]["block"]
     assert block["promoted"] and block["source"] == "drafter"
-    assert block["model_name"] == "dl-tiny-verifier-block"
+    assert block["model_name"] == history["ws"].name("block") and block["model_name"].startswith("dl-tiny-verifier-")
     tags = history["registry"].version(block["model_name"], block["version"]).tags
     assert tags["draftline.train_run_found"] == "false"
     assert tags["draftline.source_path"].endswith("artifacts/drafters/block")
@@ -292,7 +293,7 @@ def test_forced_promotion_via_cli_records_reason(tmp_path_factory, store, tokeni
         assert registry_cmd.main(params + ["list"]) == 0
         assert registry_cmd.main(params + ["show", ws.name("ar")]) == 0
         shown = capsys.readouterr().err
-        assert "dl-forced-ar" in shown and "forced" in shown
+        assert ws.name("ar") in shown and "forced" in shown
 
 
 def test_stale_or_missing_inputs_fail_cleanly(tmp_path_factory, store, tokenizer_dir, capsys):
@@ -369,11 +370,11 @@ def test_new_verifier_says_the_old_champion_is_not_comparable(tmp_path, tokenize
         capsys.readouterr()
         patch.chdir(new.root)
         record = new.promote()["drafters"]["ar"]
-    assert record["model_name"] == "dl-verifier-bbbb-ar" and record["promoted"] and record["version"] == "1"
-    assert record["other_verifier_champion"] == "models:/dl-verifier-aaaa-ar@champion (v1)"
+    assert record["model_name"] == new.name("ar") and record["promoted"] and record["version"] == "1"
+    assert record["other_verifier_champion"] == f"models:/{old.name('ar')}@champion (v1)"
     lines = [line for line in capsys.readouterr().err.splitlines() if "not comparable" in line]
-    assert len(lines) == 1 and "dl-verifier-aaaa-ar@champion" in lines[0] and "dl-verifier-bbbb-ar" in lines[0]
-    tags = Registry(store).version("dl-verifier-bbbb-ar", "1").tags
+    assert len(lines) == 1 and f"{old.name('ar')}@champion" in lines[0] and new.name("ar") in lines[0]
+    tags = Registry(store).version(new.name("ar"), "1").tags
     assert tags["library.torch"] == torch.__version__ and tags["library.transformers"]
 
 
@@ -464,9 +465,16 @@ def test_metrics_of_other_artifacts_are_refused(tmp_path, tokenizer_dir, capsys)
     assert "was exported from drafter 000000000000" in _promoted(ws)["reasons"][0]
 
     ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
-    record = ws.root / "artifacts/verifier/verifier.json"
-    record.write_text(json.dumps({**json.loads(record.read_text()), "hash": "new-verifier"}))
-    assert "verifier is now new-verifier" in _promoted(ws)["reasons"][0]
+    verifier_dir = ws.root / "artifacts/verifier"
+    (verifier_dir / "config.json").write_text(json.dumps({"model_type": "qwen3", "test_verifier": "replaced"}))
+    new = write_record(verifier_dir, source="bootstrap", name_or_path=str(verifier_dir), id_prefix="bound")
+    assert f"verifier is now {new['hash'][:12]}" in _promoted(ws)["reasons"][0]
+
+    # eval.json names the registered model (through the verifier id): it must be the current verifier's
+    ws.verifier_id, ws.verifier_hash = "bound-000000000000", new["hash"]
+    ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
+    assert f"names verifier bound-000000000000, the verifier is {new['id']}" in _promoted(ws)["reasons"][0]
+    assert Registry(store).models() == []
 
 
 def test_tau_is_bounded_by_the_drafters_own_drafts_per_step(tmp_path, tokenizer_dir):

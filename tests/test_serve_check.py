@@ -12,12 +12,12 @@ import torch
 import yaml
 from datasets import Dataset, DatasetDict
 
+from data_prep.verifier import write_record
 from pipeline.config.base import DRAFTER_NAMES
 from pipeline.config.schema import parse_all
 from pipeline.config.serve_check_config import ServeCheckConfig
 from pipeline.drafters.speculative_loop import Generation, Step
 from pipeline.errors import DraftlineError
-from pipeline.lineage import hash_dir
 from pipeline.paths import ArtifactPaths
 from pipeline.promote.promote import read_serving, serve_check_refusals, served_tau, served_tau_tags
 from pipeline.serving_venv import serve_python
@@ -266,9 +266,11 @@ def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
     tokenizer = tiny_tokenizer()
     paths = ArtifactPaths.from_params(parse_all(yaml.safe_load(write_params(tmp_path).read_text())))
     write_corpus(tokenizer, paths.corpus)
-    paths.verifier.mkdir(parents=True)
-    (paths.verifier / "verifier.json").write_text(json.dumps({"source": "hf", "name_or_path": "/v", "hash": "h1",
-                                                              "id": "v"}))
+    # what serve_check hashes of an external verifier: its files (a model dir: config.json and tokenizer)
+    tiny_qwen3(len(tokenizer), num_layers=1).config.save_pretrained(tmp_path / "v")
+    tokenizer.save_pretrained(tmp_path / "v")
+    record = write_record(paths.verifier, source="hf", name_or_path=str(tmp_path / "v"), id_prefix="v",
+                          model_dir=tmp_path / "v")
     for kind in DRAFTER_NAMES:
         paths.export(kind).mkdir(parents=True)
         (paths.export(kind) / "vllm.json").write_text(json.dumps({"model": "/v", "speculative_config": {}}))
@@ -278,7 +280,7 @@ def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
     report = json.loads((paths.metrics / "serving.json").read_text())
     assert {e["status"] for e in report["drafters"].values()} == {"skipped"}
     # bound to what was checked: the export's manifest and the verifier, by content
-    assert report["verifier_hash"] == "h1"
+    assert report["verifier_hash"] == record["hash"]
     assert len(report["drafters"]["ar"]["export_manifest_sha256"]) == 64
     assert "make serve-env" in report["drafters"]["block"]["reason"]
     assert (paths.plots / "serving_tau.png").is_file() and (paths.root / "serve_check").is_dir()
@@ -300,8 +302,7 @@ def served(tmp_path_factory):
                           pad_token_id=tokenizer.pad_token_id)
     verifier.save_pretrained(paths.verifier)
     tokenizer.save_pretrained(paths.verifier)
-    (paths.verifier / "verifier.json").write_text(json.dumps(
-        {"source": "bootstrap", "name_or_path": str(paths.verifier), "hash": hash_dir(paths.verifier), "id": "tiny"}))
+    write_record(paths.verifier, source="bootstrap", name_or_path=str(paths.verifier), id_prefix="tiny")
     write_corpus(tokenizer, paths.corpus)
     # AR drafter = the verifier's first 2 layers: it agrees often but not always, so tau is neither 1 nor K + 1
     drafter = tiny_qwen3(len(tokenizer), hidden_size=128, num_layers=2, seed=1, eos_token_id=tokenizer.eos_token_id,

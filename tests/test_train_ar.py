@@ -14,9 +14,9 @@ import yaml
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM
 
+from data_prep.verifier import write_record
 from pipeline.config.schema import parse_all
 from pipeline.errors import DraftlineError
-from pipeline.lineage import hash_dir
 from tests.tiny_models import save_tiny_verifier, tiny_qwen3, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,9 +32,7 @@ def make_artifacts(root: Path, *, rows_per_split: tuple[int, int, int] = (12, 4,
     artifacts = root / "artifacts"
     verifier_dir = artifacts / "verifier"
     model, tokenizer = save_tiny_verifier(verifier_dir, num_layers=2)
-    (verifier_dir / "verifier.json").write_text(json.dumps(
-        {"source": "bootstrap", "name_or_path": str(verifier_dir), "hash": hash_dir(verifier_dir), "id": "tiny-test"}
-    ))
+    write_record(verifier_dir, source="bootstrap", name_or_path=str(verifier_dir), id_prefix="tiny-test")
     splits, start = {}, 0
     for name, count in zip(("train", "validation", "test"), rows_per_split):
         rows = []
@@ -87,7 +85,7 @@ def assert_trained(root: Path, result: subprocess.CompletedProcess, steps: int) 
     info = json.loads((drafter_dir / "training.json").read_text())
     assert info["steps"] == steps
     assert info["val_loss"] < info["untrained_val_loss"], info
-    assert info["lineage"]["verifier_id"] == "tiny-test"
+    assert info["lineage"]["verifier_id"].startswith("tiny-test-")
     model = AutoModelForCausalLM.from_pretrained(drafter_dir)
     assert model.config.num_hidden_layers == 1
     assert (drafter_dir / "tokenizer.json").is_file()

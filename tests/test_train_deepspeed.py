@@ -37,3 +37,9 @@ def test_deepspeed_two_processes_on_cpu(tmp_path, strategy):
     assert (tmp_path / "artifacts" / "checkpoints" / "ar" / "last.ckpt").is_dir()
     metrics = json.loads((tmp_path / "metrics" / "train_ar.json").read_text())
     assert metrics["steps"] == steps
+
+    # A rerun resumes from those shards, unpickled weights-only with only DeepSpeed's own classes allowed
+    # (DeepSpeed itself would load them with weights_only=False).
+    resumed = run_train(params_path)
+    assert "resuming from" in resumed.stderr and "Restored all states" in resumed.stderr
+    assert assert_trained(tmp_path, resumed, steps)["world_size"] == 2

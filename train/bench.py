@@ -64,7 +64,8 @@ def measure(params: TrainParams, strategy: str, steps: int, warmup: int) -> floa
         "offload_optimizer": False, "offload_parameters": False,
     })
     paths = ArtifactPaths.from_params(params)
-    verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
+    verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code,
+                                       params.verifier.allow_pickle_weights)
     drafter = build_drafter(verifier, cfg, tokenizer, seed=params.project.seed)
     data = ARDataModule(load_corpus(paths), pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len,
                         batch_size=tcfg.batch_size, seed=params.project.seed)

@@ -119,7 +119,8 @@ def train_variant(params: TrainParams, cfg: BlockDrafterConfig, corpus: DatasetD
 
 def ablation(params: TrainParams, steps: int, only: list[str] | None = None, decode_prompts: int = 12) -> dict:
     paths = ArtifactPaths.from_params(params)
-    verifier, tokenizer = load_verifier(paths, params.verifier.dtype)
+    verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code,
+                                       params.verifier.allow_pickle_weights)
     corpus = load_corpus(paths)
     _, _, depth, _ = verifier_parts(verifier)
     base = params.train.block.model_copy(update={"decode_prompts": decode_prompts})

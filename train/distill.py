@@ -7,8 +7,10 @@ multi-process launch runs it; only rank 0 evaluates and writes outputs.
 
 from __future__ import annotations
 
+import pickle
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import lightning as L
@@ -21,6 +23,7 @@ from data_prep.corpus import corpus_hash, load_corpus
 from data_prep.verifier import load_verifier, verifier_identity
 from pipeline.atomic import write_json_atomic
 from pipeline.config.trainer_config import TrainerConfig
+from pipeline.integrity import refused_global
 from pipeline.lineage import git_commit, library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
@@ -35,6 +38,8 @@ from train.trainer import (
     make_mlflow_logger,
     resume_checkpoint,
     save_drafter_atomic,
+    single_writer,
+    untrusted_checkpoint,
 )
 
 
@@ -60,85 +65,96 @@ def _scalars(results: dict, keys: tuple[str, ...]) -> dict:
     return {key: results[key] for key in keys if isinstance(results[key], (int, float))}
 
 
+def checkpoint_fingerprint(kind: str, config: BaseModel, verifier_hash: str, corpus_hash: str, seed: int) -> dict:
+    """What checkpoints in artifacts/checkpoints/<kind>/ must have been trained with to be resumed."""
+    return {f"train.{kind}": config.model_dump(mode="json"), "verifier": verifier_hash, "corpus": corpus_hash,
+            "seed": seed}
+
+
 def distill(params: TrainParams, make_recipe: RecipeFactory) -> dict | None:
     """Train and save one drafter; returns training.json's content on rank 0 (None elsewhere)."""
     started = time.perf_counter()
     check_store(tracking_uri(params.tracking))  # before minutes of loading and training, not after
     paths = ArtifactPaths.from_params(params)
-    verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code)
+    verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code,
+                                       params.verifier.allow_pickle_weights)
     corpus = load_corpus(paths, verifier.config.vocab_size)
     identity, data_hash = verifier_identity(paths), corpus_hash(paths)
     recipe = make_recipe(params, verifier, tokenizer, corpus)
     kind, cfg = recipe.kind, recipe.config
-    teacher = FrozenVerifier(verifier)
-    untrained = recipe.evaluate(recipe.drafter, teacher) if is_rank_zero() else None
+    with single_writer(paths.checkpoints(kind)):
+        teacher = FrozenVerifier(verifier)
+        untrained = recipe.evaluate(recipe.drafter, teacher) if is_rank_zero() else None
 
-    fingerprint = {f"train.{kind}": cfg.model_dump(mode="json"), "verifier": identity["hash"],
-                   "corpus": data_hash, "seed": params.project.seed}
-    resume = resume_checkpoint(paths.checkpoints(kind), fingerprint)
-    if resume and is_rank_zero():
-        info(f"resuming from {resume}")
-    logger = make_mlflow_logger(params, kind, paths.checkpoints(kind))
-    module = recipe.make_module()
-    trainer = build_trainer(recipe.trainer_config, checkpoint_dir=paths.checkpoints(kind), logger=logger)
-    try:
-        trainer.fit(module, datamodule=recipe.data, ckpt_path=resume)
-    except SystemExit:
-        # Lightning turns Ctrl-C into a graceful shutdown and exit(1); every other stage exits 130.
-        if trainer.interrupted:
-            raise KeyboardInterrupt from None
-        raise
+        fingerprint = checkpoint_fingerprint(kind, cfg, identity["hash"], data_hash, params.project.seed)
+        resume = resume_checkpoint(paths.checkpoints(kind), fingerprint)
+        if resume and is_rank_zero():
+            info(f"resuming from {resume}")
+        logger = make_mlflow_logger(params, kind, paths.checkpoints(kind))
+        module = recipe.make_module()
+        trainer = build_trainer(recipe.trainer_config, checkpoint_dir=paths.checkpoints(kind), logger=logger)
+        try:
+            # The checkpoint dir may hold files this run did not write: unpickle them weights-only.
+            trainer.fit(module, datamodule=recipe.data, ckpt_path=resume, weights_only=True)
+        except pickle.UnpicklingError as error:  # what resume_checkpoint's static scan cannot see
+            raise untrusted_checkpoint(Path(resume or paths.checkpoints(kind)), paths.checkpoints(kind),
+                                       refused_global(error)) from None
+        except SystemExit:
+            # Lightning turns Ctrl-C into a graceful shutdown and exit(1); every other stage exits 130.
+            if trainer.interrupted:
+                raise KeyboardInterrupt from None
+            raise
 
-    state = full_state_dict(module.drafter, trainer)  # collective under ZeRO-3: every rank gathers
-    tokens = int(trainer.strategy.reduce(torch.tensor(float(module.tokens_seen)), reduce_op="sum").item())
-    if not is_rank_zero():
-        return None
+        state = full_state_dict(module.drafter, trainer)  # collective under ZeRO-3: every rank gathers
+        tokens = int(trainer.strategy.reduce(torch.tensor(float(module.tokens_seen)), reduce_op="sum").item())
+        if not is_rank_zero():
+            return None
 
-    # A fresh copy from the gathered weights: under ZeRO the trained module's tensors are partitioned.
-    final = type(recipe.drafter)(recipe.drafter.config)
-    final.load_state_dict(state)
-    final.to(module.device if module.device.type == "cuda" else "cpu").eval()
-    trained = recipe.evaluate(final, teacher)
-    train_loss = trainer.callback_metrics.get("train/loss")
-    training_info = {
-        "kind": kind,
-        "steps": trainer.global_step,
-        "tokens": tokens,
-        "train_loss": float(train_loss) if train_loss is not None else None,
-        "val_loss": trained["loss"],
-        "untrained_val_loss": untrained["loss"],
-        **{key: trained[key] for key in recipe.agreement_keys},
-        **{f"untrained_{key}": untrained[key] for key in recipe.agreement_keys},
-        **recipe.extra_info,
-        "strategy": recipe.trainer_config.strategy,
-        "world_size": trainer.world_size,
-        "lineage": {
-            "verifier_id": identity["id"],
-            "verifier_hash": identity["hash"],
-            "corpus_hash": data_hash,
-            "params_hash": params.section_hash("train"),
-            "git_commit": git_commit(),
-            "library_versions": library_versions(),
-        },
-    }
-    scalars = _scalars(trained, recipe.agreement_keys)
-    untrained_scalars = {f"untrained_{key}": value for key, value in _scalars(untrained, recipe.agreement_keys).items()}
-    logger.log_hyperparams(flatten(f"train.{kind}", cfg.model_dump(mode="json")))
-    logger.log_metrics({f"final/{key}": value for key, value in
-                        {"val_loss": trained["loss"], **scalars, **untrained_scalars}.items()},
-                       step=trainer.global_step)
+        # A fresh copy from the gathered weights: under ZeRO the trained module's tensors are partitioned.
+        final = type(recipe.drafter)(recipe.drafter.config)
+        final.load_state_dict(state)
+        final.to(module.device if module.device.type == "cuda" else "cpu").eval()
+        trained = recipe.evaluate(final, teacher)
+        train_loss = trainer.callback_metrics.get("train/loss")
+        training_info = {
+            "kind": kind,
+            "steps": trainer.global_step,
+            "tokens": tokens,
+            "train_loss": float(train_loss) if train_loss is not None else None,
+            "val_loss": trained["loss"],
+            "untrained_val_loss": untrained["loss"],
+            **{key: trained[key] for key in recipe.agreement_keys},
+            **{f"untrained_{key}": untrained[key] for key in recipe.agreement_keys},
+            **recipe.extra_info,
+            "strategy": recipe.trainer_config.strategy,
+            "world_size": trainer.world_size,
+            "lineage": {
+                "verifier_id": identity["id"],
+                "verifier_hash": identity["hash"],
+                "corpus_hash": data_hash,
+                "params_hash": params.section_hash("train"),
+                "git_commit": git_commit(),
+                "library_versions": library_versions(),
+            },
+        }
+        scalars = _scalars(trained, recipe.agreement_keys)
+        untrained_scalars = {f"untrained_{key}": value for key, value in _scalars(untrained, recipe.agreement_keys).items()}
+        logger.log_hyperparams(flatten(f"train.{kind}", cfg.model_dump(mode="json")))
+        logger.log_metrics({f"final/{key}": value for key, value in
+                            {"val_loss": trained["loss"], **scalars, **untrained_scalars}.items()},
+                           step=trainer.global_step)
 
-    def write_model(directory):
-        final.to("cpu").save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
+        def write_model(directory):
+            final.to("cpu").save_pretrained(directory)
+            tokenizer.save_pretrained(directory)
 
-    saved = save_drafter_atomic(paths.drafter(kind), write_model, training_info, logger)
-    metrics = {key: saved[key] for key in ("steps", "tokens", "train_loss", "val_loss", "untrained_val_loss")}
-    metrics.update(scalars, **untrained_scalars, wall_time_s=round(time.perf_counter() - started, 1))
-    write_json_atomic(paths.metrics / f"train_{kind}.json", metrics)
-    print_summary(f"train_{kind}", {
-        **metrics, "drafter": str(paths.drafter(kind)),
-        "top1 per position": ", ".join(f"{r:.3f}" for r in saved[recipe.per_position_key]),
-        "untrained top1 per position": ", ".join(f"{r:.3f}" for r in saved[f"untrained_{recipe.per_position_key}"]),
-    })
-    return saved
+        saved = save_drafter_atomic(paths.drafter(kind), write_model, training_info, logger)
+        metrics = {key: saved[key] for key in ("steps", "tokens", "train_loss", "val_loss", "untrained_val_loss")}
+        metrics.update(scalars, **untrained_scalars, wall_time_s=round(time.perf_counter() - started, 1))
+        write_json_atomic(paths.metrics / f"train_{kind}.json", metrics)
+        print_summary(f"train_{kind}", {
+            **metrics, "drafter": str(paths.drafter(kind)),
+            "top1 per position": ", ".join(f"{r:.3f}" for r in saved[recipe.per_position_key]),
+            "untrained top1 per position": ", ".join(f"{r:.3f}" for r in saved[f"untrained_{recipe.per_position_key}"]),
+        })
+        return saved

@@ -11,14 +11,66 @@ Launchers: Lightning picks the cluster environment from the standard variables (
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
+
 import torch
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
 
 from pipeline.config.trainer_config import TrainerConfig
 
+# What DeepSpeed's ZeRO optimizer shards pickle besides tensors and builtins (listed by
+# torch.serialization.get_unsafe_globals_in_checkpoint on ZeRO-2 and ZeRO-3 checkpoints; DynamicLossScaler
+# replaces LossScaler under fp16). Resumes unpickle with `weights_only=True` and exactly these allowed.
+DEEPSPEED_CHECKPOINT_GLOBALS = (
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+CHECKPOINT_GLOBAL_NAMES = frozenset(DEEPSPEED_CHECKPOINT_GLOBALS)
 
-class CPUDeepSpeedStrategy(DeepSpeedStrategy):
+
+def deepspeed_checkpoint_globals() -> list[type]:
+    """The classes named in DEEPSPEED_CHECKPOINT_GLOBALS (imported only when DeepSpeed is in use)."""
+    found = []
+    for name in DEEPSPEED_CHECKPOINT_GLOBALS:
+        module, _, attribute = name.rpartition(".")
+        found.append(getattr(importlib.import_module(module), attribute))
+    return found
+
+
+class WeightsOnlyLoads:
+    """A DeepSpeed checkpoint engine whose `load` unpickles weights-only. DeepSpeed 0.19's own engine loads
+    every shard with `weights_only=False` and Lightning's `Trainer.fit(weights_only=...)` never reaches it,
+    so a planted `*.pt` in a checkpoint dir would run its code; saving and everything else is delegated."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def load(self, path: str | Path, map_location=None):
+        with torch.serialization.safe_globals(deepspeed_checkpoint_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+
+
+class WeightsOnlyDeepSpeedStrategy(DeepSpeedStrategy):
+    """DeepSpeed ZeRO whose resumes load checkpoint shards weights-only (see WeightsOnlyLoads)."""
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict:
+        engine = self.deepspeed_engine
+        own = engine.checkpoint_engine
+        engine.checkpoint_engine = WeightsOnlyLoads(own)
+        try:
+            return super().load_checkpoint(checkpoint_path, weights_only=True)
+        finally:
+            engine.checkpoint_engine = own
+
+
+class CPUDeepSpeedStrategy(WeightsOnlyDeepSpeedStrategy):
     """DeepSpeed ZeRO on the CPU accelerator (gloo), one process per `devices`."""
 
     def setup_environment(self) -> None:
@@ -53,7 +105,7 @@ def make_strategy(cfg: TrainerConfig) -> Strategy | str:
         # gloo on CPU, nccl on GPU: Lightning chooses from the device type.
         return DDPStrategy(find_unused_parameters=False)
     stage = 3 if cfg.strategy == "deepspeed_stage_3" else 2
-    strategy_class = DeepSpeedStrategy if uses_gpu(cfg) else CPUDeepSpeedStrategy
+    strategy_class = WeightsOnlyDeepSpeedStrategy if uses_gpu(cfg) else CPUDeepSpeedStrategy
     return strategy_class(
         stage=stage,
         offload_optimizer=cfg.offload_optimizer,

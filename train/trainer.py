@@ -8,14 +8,17 @@ Everything here is drafter-agnostic: each kind's Lightning module (`train/ar_lit
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import pickle
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
+from filelock import FileLock, Timeout
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
@@ -25,10 +28,12 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.config.base import DrafterName
 from pipeline.config.trainer_config import TrainerConfig
+from pipeline.errors import DraftlineError
+from pipeline.integrity import refused_global
 from pipeline.lineage import read_json, version_tags
 from pipeline.progress import info
 from pipeline.tracking import sqlite_artifact_root, tracking_uri
-from train.strategies import make_strategy, uses_gpu
+from train.strategies import CHECKPOINT_GLOBAL_NAMES, make_strategy, uses_gpu
 from train.train_params import TrainParams
 
 TRAINING_INFO = "training.json"
@@ -110,14 +115,42 @@ def resolve_precision(cfg: TrainerConfig) -> str:
     return cfg.precision
 
 
-def _readable_checkpoint(path: Path) -> bool:
-    """A DeepSpeed checkpoint is a directory (trusted as written); a file must open as a Lightning
-    checkpoint. mmap keeps this cheap for big files: a truncated zip fails on its directory."""
+class UntrustedCheckpoint(DraftlineError):
+    """A checkpoint whose pickle holds objects beyond tensors and training state: not one we wrote."""
+
+
+def untrusted_checkpoint(path: Path, checkpoint_dir: Path, objects: str) -> UntrustedCheckpoint:
+    return UntrustedCheckpoint(
+        f"checkpoint {path} holds pickled objects that are not tensors or training state ({objects}), which could "
+        f"run code when loaded; draftline never writes these, so it is not resumed: delete {checkpoint_dir} "
+        "to train from the start")
+
+
+def _readable_checkpoint(path: Path, checkpoint_dir: Path) -> bool:
+    """Whether `path` (a Lightning checkpoint file, or a DeepSpeed checkpoint directory of `*.pt` shards) is
+    intact. The checkpoint dir is an input this run may not have written, so its pickles are inspected
+    statically first (no code runs) and then loaded only with `weights_only=True`, as `fit` will: foreign
+    objects raise `UntrustedCheckpoint` (deleting it is the user's call); a truncated or garbled file is
+    damaged and the caller falls back to an older one."""
+    files = [path] if path.is_file() else sorted(path.rglob("*.pt"))
+    if not files:
+        return False  # a DeepSpeed directory whose shards were never written
+    for file in files:
+        try:
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(str(file))
+        except Exception:  # not a complete torch.save zip: a kill or a full disk during the write
+            return False
+        foreign = sorted(set(found) - CHECKPOINT_GLOBAL_NAMES)
+        if foreign:
+            raise untrusted_checkpoint(file, checkpoint_dir, ", ".join(foreign))
     if path.is_dir():
-        return True
+        return True  # DeepSpeed reads the shards itself during fit, weights-only (train/strategies.py)
     try:
-        return "global_step" in torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception:  # any failure to read means the same thing here: not usable
+        # mmap keeps this cheap for big files; the static scan above misses objects built on the fly
+        return "global_step" in torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:
+        raise untrusted_checkpoint(path, checkpoint_dir, refused_global(error)) from None
+    except Exception:  # any other failure to read means the same thing here: not usable
         return False
 
 
@@ -130,11 +163,16 @@ def resume_checkpoint(checkpoint_dir: Path, fingerprint: dict) -> str | None:
     """
     checkpoint_dir = Path(checkpoint_dir)
     record = checkpoint_dir / FINGERPRINT_FILE
-    matches = record.is_file() and read_json(record) == fingerprint
+    try:
+        matches = record.is_file() and read_json(record) == fingerprint
+    except (OSError, ValueError):  # a damaged record cannot vouch for the checkpoints: they are discarded
+        matches = False
+        if is_rank_zero():
+            info(f"{record} is unreadable; discarding the checkpoints next to it")
     if matches:
         newest_first = [checkpoint_dir / LAST_CHECKPOINT, *sorted(checkpoint_dir.glob("step*.ckpt"), reverse=True)]
         for candidate in (path for path in newest_first if path.exists()):
-            if _readable_checkpoint(candidate):
+            if _readable_checkpoint(candidate, checkpoint_dir):
                 return str(candidate)
             if is_rank_zero():
                 info(f"checkpoint {candidate} is damaged; trying an older one")
@@ -146,6 +184,32 @@ def resume_checkpoint(checkpoint_dir: Path, fingerprint: dict) -> str | None:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(record, fingerprint)
     return None
+
+
+@contextlib.contextmanager
+def single_writer(checkpoint_dir: Path) -> Iterator[None]:
+    """One training per checkpoint dir: a second one would interleave its checkpoints with the first's and
+    mark the first's live MLflow run KILLED. Rank 0 holds `<dir>.lock` next to the dir (resume_checkpoint
+    may delete the dir itself); the OS drops it when the process dies."""
+    if not is_rank_zero():
+        yield
+        return
+    checkpoint_dir = Path(checkpoint_dir)
+    lock_path = checkpoint_dir.with_name(f"{checkpoint_dir.name}.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise DraftlineError(f"another training is running on {checkpoint_dir} (it holds {lock_path}); "
+                             "wait for it to finish") from None
+    except OSError as error:
+        raise DraftlineError(f"cannot take the training lock {lock_path} ({error.strerror or error}); it must be a "
+                             "plain file: remove what is there if no training is running") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 # --------------------------------------------------------------------------- optimizer

@@ -270,7 +270,9 @@ class OpenAIEngine:
             raise InvalidResponse("the text is not a string")
         retokenized = ids is None
         if retokenized:
-            ids = self.tokenizer(text or "", add_special_tokens=False)["input_ids"]
+            # Servers strip special tokens from the text they return (skip_special_tokens defaults to true),
+            # so `<|endoftext|>` in it is text the model wrote with ordinary tokens, never the EOS id.
+            ids = self.tokenizer(text or "", add_special_tokens=False, split_special_tokens=True)["input_ids"]
         ids = token_ids(ids, vocab_size, "token_ids")
         if len(ids) > request.max_new_tokens:
             raise InvalidResponse(f"{len(ids)} tokens for max_tokens {request.max_new_tokens}")

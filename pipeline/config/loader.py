@@ -3,6 +3,7 @@ the sections the stage's schema holds validated, errors as one line naming the k
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import TypeVar
 
@@ -16,6 +17,13 @@ from pipeline.errors import ParamsError
 Schema = TypeVar("Schema", bound=StageParams)
 
 
+# The offending value, shortened: YAML aliases can make a value of millions of nested items (25 MB of repr).
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 160
+_SHORT_REPR.maxlist = _SHORT_REPR.maxdict = 6
+_SHORT_REPR.maxlevel = 2
+
+
 def _format_error(source: str, error: ValidationError) -> str:
     first = error.errors()[0]
     location = "".join(f"{part}: " for part in [".".join(str(part) for part in first["loc"])] if part)
@@ -23,10 +31,28 @@ def _format_error(source: str, error: ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         message = "unknown key (remove it or check the spelling)"
     elif "input" in first and first["type"] not in ("missing",) and not isinstance(first["input"], dict):
-        message = f"{message} (got {first['input']!r})"
+        message = f"{message} (got {_SHORT_REPR.repr(first['input'])})"
     more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
     return f"{source}: {location}{message}{more}"
 
+
+
+def _nul_key_path(value: object, at: tuple[str, ...] = (), seen: set[int] | None = None) -> str | None:
+    """The key path of the first string holding a NUL byte: no path, URL or name can, and the OS calls that
+    would first trip on it raise deep inside a stage. YAML aliases share objects: each is walked once."""
+    seen = set() if seen is None else seen
+    if isinstance(value, str):
+        return ".".join(at) or "(top level)" if "\0" in value else None
+    if isinstance(value, (dict, list)):
+        if id(value) in seen:
+            return None
+        seen.add(id(value))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            found = _nul_key_path(item, (*at, str(key)), seen)
+            if found:
+                return found
+    return None
 
 
 def parse_params(data: object, schema: type[Schema], source: str = "params") -> Schema:
@@ -34,6 +60,9 @@ def parse_params(data: object, schema: type[Schema], source: str = "params") -> 
         data = {}
     if not isinstance(data, dict):
         raise ParamsError(f"{source}: expected a mapping of sections at the top level, got {type(data).__name__}")
+    nul = _nul_key_path(data)
+    if nul:
+        raise ParamsError(f"{source}: {nul}: contains a NUL byte; remove it")
     for name in data:
         if name not in SECTION_NAMES:
             raise ParamsError(f"{source}: {name}: unknown section (remove it or check the spelling; "

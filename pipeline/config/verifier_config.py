@@ -54,6 +54,9 @@ class VerifierConfig(Section):
     source: Literal["bootstrap", "hf"] = "bootstrap"
     name_or_path: Optional[str] = None
     trust_remote_code: StrictBool = False
+    # Load an external verifier's pickled weights (`*.bin`, `*.pt`, ...), unpickled weights-only (tensors and
+    # plain containers; anything else is refused). Off: only *.safetensors load, any pickle is refused.
+    allow_pickle_weights: StrictBool = False
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     bootstrap: BootstrapConfig = BootstrapConfig()
 

@@ -95,8 +95,9 @@ def gate_metrics(drafter_eval: Mapping) -> dict[str, float]:
     lossless = drafter_eval.get("lossless")
     metrics = {"lossless": float(lossless) if isinstance(lossless, bool) else math.nan}
     metrics["mismatches"] = _as_float(drafter_eval.get("mismatches"))
-    by_domain = (drafter_eval.get("by_temperature") or {}).get(GATE_TEMPERATURE) or {}
-    for domain, values in sorted(by_domain.items()):
+    by_temperature = drafter_eval.get("by_temperature")
+    by_domain = by_temperature.get(GATE_TEMPERATURE) if isinstance(by_temperature, Mapping) else None
+    for domain, values in sorted(by_domain.items() if isinstance(by_domain, Mapping) else ()):  # else: all missing
         if not isinstance(values, Mapping):
             continue
         for name in REPORTED_METRICS:

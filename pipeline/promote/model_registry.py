@@ -108,14 +108,21 @@ def registry_lock(uri: str) -> Iterator[None]:
     else:
         lock_path = Path.home() / ".cache" / "draftline" / f"registry-{hashlib.sha256(uri.encode()).hexdigest()[:16]}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S)
     try:
-        with FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S):
-            yield
+        lock.acquire()
     except Timeout:
         raise DraftlineError(
             f"another promotion has held {lock_path} for {LOCK_TIMEOUT_S:.0f} s; wait for it, or delete the lock "
             "file if no draftline process is running"
         ) from None
+    except OSError as error:  # a directory, or a symlink (never followed) where the lock file belongs
+        raise DraftlineError(f"cannot take the promotion lock {lock_path} ({error.strerror or error}); it must be "
+                             "a plain file: remove what is there if no draftline process is running") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class Registry:

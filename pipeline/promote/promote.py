@@ -105,6 +105,9 @@ class Evaluation:
         unknown = sorted(set(drafters) - set(DRAFTER_NAMES))
         if unknown:
             raise DraftlineError(f"{path}: unknown drafter kind(s) {unknown}; expected {list(DRAFTER_NAMES)}")
+        malformed = sorted(kind for kind, entry in drafters.items() if not isinstance(entry, dict))
+        if malformed:
+            raise DraftlineError(f"{path}: the entry of {malformed} is not an object; rerun `draftline evaluate`")
         return cls(path, hash_file(path), str(verifier["id"]), str(verifier["hash"]),
                    str(data.get("corpus_hash", "")), drafters)
 
@@ -133,6 +136,8 @@ def load_training(paths: ArtifactPaths, kind: str, evaluation: Evaluation) -> di
         training = read_json(path)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DraftlineError(f"{path} is not valid JSON ({error}); retrain the {kind} drafter") from None
+    if not isinstance(training, dict) or not isinstance(training.get("lineage", {}), dict):
+        raise DraftlineError(f"{path} is not a training record; retrain the {kind} drafter")
     trained_on = (training.get("lineage") or {}).get("verifier_hash")
     if trained_on and trained_on != evaluation.verifier_hash:
         raise DraftlineError(
@@ -393,7 +398,8 @@ def unbound_reason(source: str, recorded: dict, recorded_verifier: object, now: 
 def binding_refusals(paths: ArtifactPaths, evaluation: Evaluation, serving: dict | None,
                      kinds: list[str]) -> dict[str, str]:
     """kind -> why its metrics do not belong to the checkpoint promotion would register (recomputed now)."""
-    verifier_hash = verifier_identity(paths)["hash"]
+    verifier = verifier_identity(paths)
+    verifier_hash = verifier["hash"]
     refusals = {}
     for kind in kinds:
         now = measured_artifacts(paths.drafter(kind), paths.export(kind))
@@ -405,6 +411,9 @@ def binding_refusals(paths: ArtifactPaths, evaluation: Evaluation, serving: dict
         if reason is None and serving is not None:
             reason = unbound_reason("metrics/serving.json", (serving.get("drafters") or {}).get(kind) or {},
                                     serving.get("verifier_hash"), now, verifier_hash)
+        if reason is None and evaluation.verifier_id != verifier["id"]:  # the registered model name comes from it
+            reason = (f"metrics/eval.json names verifier {evaluation.verifier_id}, the verifier is {verifier['id']}; "
+                      "rerun `dvc repro evaluate`")
         if reason is None and exported_from != now["drafter_identity"]:
             reason = (f"{paths.export(kind)} was exported from drafter {_short(exported_from)}, not from "
                       f"{paths.drafter(kind)} ({_short(now['drafter_identity'])}); rerun `dvc repro export`")
@@ -425,7 +434,8 @@ def read_serving(params: PromoteParams, paths: ArtifactPaths) -> dict | None:
         serving = read_json(path)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DraftlineError(f"{path} is not valid JSON ({error}); rerun `dvc repro serve_check`") from None
-    if not isinstance(serving, dict):
+    drafters = serving.get("drafters", {}) if isinstance(serving, dict) else None
+    if not isinstance(drafters, dict) or not all(isinstance(entry, dict) for entry in drafters.values()):
         raise DraftlineError(f"{path} is not a serve_check report; rerun `dvc repro serve_check`")
     return serving
 
