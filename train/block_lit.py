@@ -31,7 +31,7 @@ from train.agreement import DraftAgreement
 from train.block_data import BlockBatches, block_targets, sample_anchors
 from train.decoded import decode_prompts, decoded_acceptance
 from train.frozen import FrozenVerifier
-from train.losses import block_loss, position_weights
+from train.losses import acceptance_rate, block_loss, confidence_loss, position_weights
 from train.trainer import DrafterModule
 from train.verifier_cache import VerifierOutputCache
 
@@ -64,7 +64,12 @@ def verifier_targets(
     out = verifier(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
     wanted = {layer_id + 1 for layer_id in drafter.config.target_layer_ids}  # index 0 is the embeddings
     hidden = tuple(state if index in wanted else None for index, state in enumerate(out.hidden_states))
-    return VerifierTargets(hidden, out.logits.argmax(-1), out.logits if cfg.loss.fkl > 0 else None)
+    return VerifierTargets(hidden, out.logits.argmax(-1), out.logits if needs_teacher_logits(cfg) else None)
+
+
+def needs_teacher_logits(cfg: BlockDrafterConfig) -> bool:
+    """fkl learns the verifier's distribution; the confidence head's target is the acceptance rate against it."""
+    return cfg.loss.fkl > 0 or cfg.confidence_head
 
 
 def block_signals(
@@ -88,12 +93,26 @@ def block_signals(
         batch["input_ids"], batch["lengths"], anchors, anchor_valid, drafter.block_size
     )
     features = drafter.fuse_target_hidden(targets.hidden_states)
-    logits = drafter(features, batch["attention_mask"].bool(), block_ids, anchors, embed_tokens, lm_head)
+    logits, hidden = drafter(features, batch["attention_mask"].bool(), block_ids, anchors, embed_tokens, lm_head,
+                             return_hidden=True)
+    # DSpark: position k's Markov bias comes from the token before it, teacher-forced to what the verifier
+    # produced there (the anchor, then the corpus response); drafting feeds the drafted token instead
+    prev_ids = block_ids[..., :-1]
+    if drafter.markov_head is not None:
+        logits = drafter.markov_logits(logits, prev_ids)
     verifier_top1 = at_block_positions(targets.top1, anchors, drafter.block_size)
-    teacher = at_block_positions(targets.logits, anchors, drafter.block_size) if cfg.loss.fkl > 0 else None
+    teacher = at_block_positions(targets.logits, anchors, drafter.block_size) if needs_teacher_logits(cfg) else None
     labels = verifier_top1 if cfg.loss.labels == "verifier" else corpus_labels
     trained = label_valid & greedy_chain(corpus_labels, verifier_top1) if cfg.loss.greedy_chain else label_valid
-    loss, terms = block_loss(cfg.loss, logits, trained, weights, labels=labels, teacher_logits=teacher)
+    loss, terms = block_loss(cfg.loss, logits, trained, weights, labels=labels,
+                             teacher_logits=teacher if cfg.loss.fkl > 0 else None)
+    if drafter.confidence_head is not None:
+        # the head learns to read acceptance off the drafter, not to reshape it: hidden states are detached,
+        # so it never trades drafting quality for calibration
+        confidence = drafter.confidence_logits(hidden.detach(), prev_ids)
+        target = acceptance_rate(logits.detach(), teacher, cfg.loss.temperature)
+        terms["confidence"] = confidence_loss(confidence, target, trained, weights)
+        loss = loss + cfg.loss.confidence * terms["confidence"]
     match = (logits.detach().argmax(-1) == verifier_top1) & label_valid
     return loss, terms, match, label_valid
 
