@@ -7,6 +7,11 @@ and one drafter forward over all blocks of every sequence with the block attenti
 (pipeline/drafters/block/model.py: `block_attention_mask`). Labels are the verifier's own predictions (its
 argmax, or its distribution for `fkl`), not the sampled corpus tokens, unless `loss.labels: corpus`.
 
+DSpark variant (`markov_rank` > 0): the loss is taken on the Markov-biased logits, teacher-forced: block
+position k's bias comes from the token the verifier produced at anchor + k − 1 (the anchor, then the corpus
+response), where drafting feeds the token it just drafted. With `confidence_head`, a BCE term teaches the
+head each position's acceptance rate Σ min(p, q) against the verifier's distribution.
+
 Acceptance proxy: block position k "matches" when the drafter's top-1 equals the verifier's top-1 for
 the token at anchor + k (teacher-forced on the corpus prefix, which on greedy rows is the verifier's
 own continuation and on sampled rows is not: the proxy overstates real acceptance there, hence the
