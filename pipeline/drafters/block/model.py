@@ -346,35 +346,23 @@ class DFlashDraftModel(PreTrainedModel):
         masked: Tensor,
         anchor_positions: Tensor,
         embed_tokens: nn.Module,
-        lm_head: nn.Module,
+        lm_head: nn.Module | None,
     ) -> Tensor:
         """The one DFlash pass that training, drafting and the ONNX graph all run.
 
         Blocks (B, N, L) start with their anchor at anchor_positions (B, N); `masked` positions get the
         mask embedding. Context keys/values per layer (B, H_kv, T, head_dim) sit at context_positions
-        (B, T), `context_valid` (B, T) or None. Returns logits (B, N, L−1, V) for block positions 1..L−1.
+        (B, T), `context_valid` (B, T) or None. Returns logits (B, N, L−1, V) for block positions 1..L−1,
+        or with `lm_head` None the normed hidden states (B, N, L−1, D) the LM head (and a DSpark
+        confidence head) reads.
         """
-        return lm_head(self.block_hidden(context_kv, context_positions, context_valid, block_ids, masked,
-                                         anchor_positions, embed_tokens))
-
-    def block_hidden(
-        self,
-        context_kv: list[tuple[Tensor, Tensor]],
-        context_positions: Tensor,
-        context_valid: Tensor | None,
-        block_ids: Tensor,
-        masked: Tensor,
-        anchor_positions: Tensor,
-        embed_tokens: nn.Module,
-    ) -> Tensor:
-        """`block_logits` before the LM head: the normed hidden states (B, N, L−1, D) of positions 1..L−1."""
         batch, n_blocks, size = block_ids.shape
         offsets = torch.arange(size, device=block_ids.device)
         positions = (anchor_positions[..., None] + offsets).reshape(batch, n_blocks * size)
         embeds = self.embed_block(block_ids, masked, embed_tokens).reshape(batch, n_blocks * size, -1)
         mask = block_attention_mask(context_positions, context_valid, anchor_positions, size, self.config.causal)
-        hidden = self.run_layers(embeds, positions, context_kv, mask).view(batch, n_blocks, size, -1)
-        return hidden[:, :, 1:]
+        hidden = self.run_layers(embeds, positions, context_kv, mask).view(batch, n_blocks, size, -1)[:, :, 1:]
+        return hidden if lm_head is None else lm_head(hidden)
 
     # ----------------------------------------------------------------- DSpark heads
 
@@ -416,8 +404,8 @@ class DFlashDraftModel(PreTrainedModel):
         context_positions = torch.arange(total, device=block_ids.device).expand(batch, total)
         context_kv = self.context_key_values(context_features, context_positions)
         masked = (torch.arange(block_ids.shape[-1], device=block_ids.device) > 0).expand_as(block_ids)
-        hidden = self.block_hidden(context_kv, context_positions, context_valid.bool(), block_ids, masked,
-                                   anchor_positions, embed_tokens)
+        hidden = self.block_logits(context_kv, context_positions, context_valid.bool(), block_ids, masked,
+                                   anchor_positions, embed_tokens, None)
         return (lm_head(hidden), hidden) if return_hidden else lm_head(hidden)
 
     @torch.no_grad()
@@ -451,8 +439,8 @@ class DFlashDraftModel(PreTrainedModel):
         final_logits: Tensor | None = None
         hidden: Tensor | None = None
         for step in range(passes):
-            hidden = self.block_hidden(context_kv, cache.positions, None, block_ids, masked, anchor_positions[:, None],
-                                       embed_tokens)[:, 0]
+            hidden = self.block_logits(context_kv, cache.positions, None, block_ids, masked, anchor_positions[:, None],
+                                       embed_tokens, None)[:, 0]
             logits = lm_head(hidden)
             still_masked = masked[:, 0, 1:]
             if final_logits is None:

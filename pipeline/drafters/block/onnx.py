@@ -80,8 +80,8 @@ class BlockDraftWrapper(nn.Module):
         values = [torch.cat([past[2 * i + 1], v], dim=2) for i, (_, v) in enumerate(new)]
         positions_cached = torch.cat([past_context_positions, context_positions], dim=1)
         block_ids, masked = anchor_blocks(anchor_ids[:, None], self.model.block_size)
-        hidden = self.model.block_hidden(list(zip(keys, values)), positions_cached, None, block_ids, masked,
-                                         anchor_positions[:, None], self.embed_tokens)[:, 0]
+        hidden = self.model.block_logits(list(zip(keys, values)), positions_cached, None, block_ids, masked,
+                                         anchor_positions[:, None], self.embed_tokens, None)[:, 0]
         present: list[torch.Tensor] = []
         for key, value in zip(keys, values):
             present += [key, value]
