@@ -74,8 +74,10 @@ class ServeCheckParams(StageParams):
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 SERVING_JSON = "serving.json"
 LOG_DIR = "serve_check"  # under artifacts/: one vLLM log per engine, for the failures
-# vLLM's CPU attention rejects some head sizes (e.g. head_dim 8): a limit of the CPU build, not of the export
-SKIP_MARKERS = ("Unsupported CPU attention configuration",)
+# Limits of the CPU build, not of the export: its attention rejects some head sizes (e.g. head_dim 8), and
+# DSpark (`method: dspark`) runs only in model runner V2, which needs Triton (absent from the CPU build)
+SKIP_MARKERS = ("Unsupported CPU attention configuration", "does not support: dspark",
+                "Model Runner V2 requires Triton")
 DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POSITION = (
     "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
     "vllm:spec_decode_num_accepted_tokens_per_pos")

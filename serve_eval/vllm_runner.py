@@ -48,7 +48,9 @@ def counter_delta(after: dict, before: dict) -> dict:
 
 
 def first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and "validation error" in lines[0]:
+        lines = lines[1:]  # pydantic's header ("1 validation error for VllmConfig") says nothing; the reason follows
     return f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
 
 

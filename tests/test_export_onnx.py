@@ -46,14 +46,20 @@ def _ar_drafter(verifier, tokenizer, directory: Path) -> None:
 
 
 def _block_drafter(tokenizer, directory: Path) -> None:
+    """The DSpark variant with a confidence head: its graph is the DFlash one plus the `hidden` output, so
+    this covers both, and the export writes (and checks) vLLM's DSpark layout."""
     from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
 
     torch.manual_seed(2)
     config = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                           head_dim=8, intermediate_size=64, vocab_size=len(tokenizer), block_size=BLOCK_SIZE,
                           num_target_layers=4, dflash_config={"mask_token_id": tokenizer.mask_token_id,
-                                                              "target_layer_ids": [0, 2]})
-    DFlashDraftModel(config).save_pretrained(directory)
+                                                              "target_layer_ids": [0, 2]},
+                          markov_rank=8, enable_confidence_head=True)
+    drafter = DFlashDraftModel(config)
+    with torch.no_grad():  # a Markov head that changes the drafts (a fresh one adds nothing)
+        drafter.markov_head.markov_w2.weight.normal_(0.0, 2.0)
+    drafter.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     (directory / "training.json").write_text(json.dumps({"kind": "block", "lineage": {"verifier_id": "tiny"}}))
 
@@ -188,9 +194,12 @@ def test_onnx_block_backend_matches_torch(exported):
         chunk = tuple(h[:, start:end] for h in hidden)
         torch_drafter.extend(chunk, start, end - start)
         onnx_drafter.extend(chunk, start, end - start)
-        onnx_logits, torch_logits = onnx_drafter.draft(tokens[end], end), torch_drafter.draft(tokens[end], end)
+        (onnx_logits, onnx_hidden), (torch_logits, torch_hidden) = (onnx_drafter.draft(tokens[end], end),
+                                                                    torch_drafter.draft(tokens[end], end))
         assert onnx_logits.argmax(-1).tolist() == torch_logits.argmax(-1).tolist()
         torch.testing.assert_close(onnx_logits, torch_logits, atol=1e-4, rtol=1e-3)
+        torch.testing.assert_close(onnx_hidden, torch_hidden, atol=1e-4, rtol=1e-3)  # the confidence head's input
+    assert onnx_drafter.heads.markov_head is not None  # the served DSpark checkpoint's heads run after the graph
 
     torch_run = decode(verifier, tokens[:5], 16, proposer=BlockProposer(torch_drafter))
     onnx_run = decode(verifier, tokens[:5], 16, proposer=BlockProposer(onnx_drafter))

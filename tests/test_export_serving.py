@@ -181,6 +181,56 @@ def test_launch_snippets_carry_paths_and_numbers(ar_dir, block_dir):
     assert vllm_job("/models/verifier", block) == {"model": "/models/verifier", "speculative_config": spec}
 
 
+@pytest.fixture
+def dspark_dir(tmp_path, tokenizer) -> Path:
+    """A block drafter with a Markov head (rank 8) and a confidence head, in its served (DSpark) layout."""
+    directory = tmp_path / "dspark"
+    _save_block_drafter(directory, tokenizer, markov_rank=8, enable_confidence_head=True)
+    write_served_config(directory)
+    return directory
+
+
+def test_dspark_variant_is_served_in_vllms_qwen3_dspark_layout(dspark_dir, block_dir, tokenizer):
+    """The keys and weight names vLLM's qwen3_dspark.py reads; a plain DFlash export carries none of them."""
+    config = check_layout(dspark_dir)
+    assert config["architectures"] == ["Qwen3DSparkModel"] and config["model_type"] == "qwen3"
+    assert config["markov_rank"] == 8 and config["markov_head_type"] == "vanilla"
+    assert config["enable_confidence_head"] is True and config["confidence_head_with_markov"] is True
+    assert config["sample_from_anchor"] is False and config["draft_vocab_size"] == len(tokenizer)
+    weights = load_file(str(dspark_dir / "model.safetensors"))
+    assert weights["markov_head.markov_w1.weight"].shape == (len(tokenizer), 8)
+    assert weights["markov_head.markov_w2.weight"].shape == (len(tokenizer), 8)  # vLLM: ParallelLMHead(V, r)
+    assert weights["confidence_head.proj.weight"].shape == (1, 32 + 8) and weights["confidence_head.proj.bias"].shape == (1,)
+    plain = json.loads((block_dir / "config.json").read_text())
+    assert not {"markov_rank", "enable_confidence_head", "sample_from_anchor"} & set(plain)
+
+    launch = block_serving.launch(config, "/models/verifier", Path("/exp/block/serving"), dspark_dir)
+    spec = json.loads(launch.markdown.split("--speculative-config '")[1].split("'")[0])
+    assert spec == launch.speculative_config == {"method": "dspark", "model": "/exp/block/serving",
+                                                 "num_speculative_tokens": 3}
+    assert "(rank 8), with a confidence head" in launch.markdown
+    assert "--speculative-algorithm" not in launch.markdown  # no unchecked SGLang snippet for the DSpark layout
+
+
+def test_dspark_layout_without_its_heads_or_with_the_wrong_block_layout_is_refused(dspark_dir):
+    from pipeline.drafters.block.model import load_drafter
+
+    assert load_drafter(dspark_dir).markov_head is not None  # the ONNX backend runs the served heads
+    _edit_config(dspark_dir, lambda c: c.update(sample_from_anchor=True))
+    with pytest.raises(DraftlineError, match="sample_from_anchor false"):
+        check_layout(dspark_dir)
+    _edit_config(dspark_dir, lambda c: c.update(sample_from_anchor=False, architectures=["DFlashDraftModel"]))
+    with pytest.raises(DraftlineError, match="expected \\['Qwen3DSparkModel'\\]"):
+        check_layout(dspark_dir)
+    _edit_config(dspark_dir, lambda c: c.update(architectures=["Qwen3DSparkModel"]))
+    _drop_weight(dspark_dir, "confidence_head.proj.bias")
+    with pytest.raises(DraftlineError, match="weight 'confidence_head.proj.bias'"):
+        check_layout(dspark_dir)
+    _drop_weight(dspark_dir, "markov_head.markov_w2.weight")
+    with pytest.raises(DraftlineError, match="weight 'markov_head.markov_w2.weight'"):
+        check_layout(dspark_dir)
+
+
 def test_ar_launch_needs_the_trained_k(ar_dir):
     with pytest.raises(DraftlineError, match="records no draft_tokens.*dvc repro train_ar"):
         ar_serving.launch(serving_layout(ar_dir), "/v", Path("/d"), ar_dir)

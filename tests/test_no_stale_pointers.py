@@ -36,7 +36,7 @@ PARAMS_SECTIONS_NAMED_LIKE_PACKAGES = ("train", "export")  # `train.ar`, `export
 FILE_EXTENSIONS = ("py", "md", "yaml", "yml", "toml", "json", "txt", "cfg", "sh")
 # A backticked bare Python file name must be a file of the repository (outside tests/, which name the
 # files they create), except these files of other projects.
-EXTERNAL_FILE_NAMES = {"llama_eagle3.py", "qwen3_dflash.py", "gpu_model_runner.py"}
+EXTERNAL_FILE_NAMES = {"llama_eagle3.py", "qwen3_dflash.py", "qwen3_dspark.py", "gpu_model_runner.py"}
 
 BANNED = (
     (re.compile(r"DESIGN\.md|DESIGN\s+section"), "cites the design reference outside the repository (use docs/algorithms.md)"),

@@ -146,6 +146,19 @@ def test_vllm_errors_fail_or_skip_with_their_first_line():
     assert entry["status"] == "skipped" and "head_dim=8" in entry["reason"]
     broken = {"error": "KeyError: 'fc.weight'", "runs": {}}
     assert serve_check.check_drafter(JOB, broken, BASELINE, None, CONFIG)["status"] == "failed"
+    # the DSpark variant on vLLM's CPU build: only model runner V2 runs it, and V2 needs Triton
+    dspark = {"error": "ValidationError: Value error, Model Runner V1 does not support: dspark speculative decoding",
+              "runs": {}}
+    entry = serve_check.check_drafter(JOB, dspark, BASELINE, None, CONFIG)
+    assert entry["status"] == "skipped" and "dspark" in entry["reason"]
+
+
+def test_the_runner_reports_the_reason_of_a_config_validation_error_not_its_header():
+    from serve_eval.vllm_runner import first_line
+
+    error = ValueError("1 validation error for VllmConfig\n  Value error, Model Runner V1 does not support: dspark")
+    assert first_line(error) == "ValueError: Value error, Model Runner V1 does not support: dspark"
+    assert first_line(RuntimeError("one line")) == "RuntimeError: one line"
 
 
 # --------------------------------------------------------------------------- promote
@@ -382,3 +395,40 @@ def test_batched_acceptance_stays_within_tolerance_of_single_request_acceptance(
     for kind in ("ar", "block", "eagle3"):
         for domain, record in report["drafters"][kind]["domains"].items():
             assert record["batch_tau_gap"] <= report["max_batch_tau_gap"], (kind, domain, record["batch_tau_gap"])
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_vllms_cpu_build_refuses_the_dspark_export_and_serve_check_records_it_skipped(tmp_path):
+    """The DSpark layout as export writes it, run through serve_check's engine: vLLM 0.32's CPU build refuses
+    `method: dspark` (model runner V1), so the drafter is skipped with vLLM's reason, not failed. When a vLLM
+    build runs it, this test fails and the DSpark variant can join the served checks."""
+    from export.export import export_serving
+    from pipeline.drafters.kinds import KINDS
+
+    from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
+
+    tokenizer = tiny_tokenizer()
+    verifier = tiny_qwen3(len(tokenizer), hidden_size=128, num_layers=4, eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id)
+    verifier.save_pretrained(tmp_path / "verifier")
+    tokenizer.save_pretrained(tmp_path / "verifier")
+    config = DFlashConfig(hidden_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=32, intermediate_size=256, vocab_size=len(tokenizer), block_size=K + 1,
+                          num_target_layers=4, dflash_config={"mask_token_id": tokenizer.mask_token_id,
+                                                              "target_layer_ids": [0, 2]},
+                          markov_rank=16, enable_confidence_head=True)
+    DFlashDraftModel(config).save_pretrained(tmp_path / "drafter")
+    tokenizer.save_pretrained(tmp_path / "drafter")
+    export_serving(KINDS["block"], tmp_path / "drafter", tmp_path / "export", tmp_path / "export",
+                   str(tmp_path / "verifier"), tokenizer)
+    job = json.loads((tmp_path / "export" / "vllm.json").read_text())
+    assert job["speculative_config"]["method"] == "dspark"
+    params = _params(tmp_path, max_new_tokens=8)
+    prompts = {"code": prompt_ids(tokenizer)[:1]}
+    engine = serve_check.engine_job(job["model"], job["speculative_config"], prompts, params)
+    result = serve_check.run_engine(serve_python(), engine, "dspark", tmp_path, params.serve_check)
+    assert result.get("error"), "vLLM ran the DSpark drafter: compare it in serve_check instead of skipping it"
+    entry = serve_check.check_drafter(engine, result, {"runs": {}}, None, params.serve_check)
+    assert entry["status"] == "skipped", result["error"]
+    assert "does not support: dspark" in entry["reason"]

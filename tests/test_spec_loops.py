@@ -15,8 +15,10 @@ VOCAB = 96
 PROMPTS = [[5, 17, 33], [1, 2, 3, 4, 5, 6, 7, 8, 9], [42], [90, 12, 12, 12, 60, 3]]
 
 
-def block_model(verifier, block_size: int, seed: int = 0) -> DFlashDraftModel:
-    """A random DFlash drafter reading the verifier's first and last layers."""
+def block_model(verifier, block_size: int, seed: int = 0, markov_rank: int = 0,
+                confidence: bool = False) -> DFlashDraftModel:
+    """A random DFlash drafter reading the verifier's first and last layers; with `markov_rank` the DSpark
+    variant, whose Markov head is made strong enough to change the drafts (a fresh one adds nothing)."""
     torch.manual_seed(seed)
     config = DFlashConfig(
         block_size=block_size, num_target_layers=verifier.config.num_hidden_layers, num_hidden_layers=1,
@@ -24,8 +26,14 @@ def block_model(verifier, block_size: int, seed: int = 0) -> DFlashDraftModel:
         head_dim=verifier.config.hidden_size // 4, intermediate_size=2 * verifier.config.hidden_size,
         rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=verifier.config.vocab_size,
         dflash_config={"mask_token_id": 1, "target_layer_ids": [0, verifier.config.num_hidden_layers - 1]},
+        markov_rank=markov_rank, enable_confidence_head=confidence,
     )
-    return DFlashDraftModel(config).eval()
+    model = DFlashDraftModel(config).eval()
+    if markov_rank:
+        with torch.no_grad():
+            model.markov_head.markov_w1.weight.normal_(0.0, 1.0)
+            model.markov_head.markov_w2.weight.normal_(0.0, 2.0)
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +142,7 @@ def test_block_context_equals_fresh_features(verifier):
         out = verifier(input_ids=torch.tensor([committed[:-1]]), output_hidden_states=True)
     fresh.extend(out.hidden_states, 0, len(committed) - 1)
     anchor = (committed[-1], len(committed) - 1)
-    torch.testing.assert_close(drafter.draft(*anchor), fresh.draft(*anchor))
+    torch.testing.assert_close(drafter.draft(*anchor)[0], fresh.draft(*anchor)[0])
 
 
 def test_sampled_loops_are_reproducible_with_a_seed(verifier, random_drafter):

@@ -89,6 +89,50 @@ def test_block_loop_with_sampled_drafts_samples_the_verifier_joint(verifier):
     assert_matches(counts, exact_joint(verifier, 1))
 
 
+def dspark_proposer(verifier, confidence_threshold: float) -> BlockProposer:
+    """A DSpark block drafter (strong random Markov head, confidence head) for the chi-square tests."""
+    model = block_model(verifier, 4, seed=5, markov_rank=4, confidence=True)
+    with torch.no_grad():
+        model.confidence_head.proj.weight.normal_(0.0, 1.0)
+    return BlockProposer(BlockDrafter(model, verifier), confidence_threshold)
+
+
+def chained_joint(verifier, proposer, trials, seed):
+    """Tokens 2-3 when both are drafts of one step: token 1 comes from the prefill forward, then a block
+    of up to 3 drafts (a cut block: fewer) of which tokens 2 and 3 are the first two."""
+    generator = torch.Generator().manual_seed(seed)
+    counts = np.zeros((VOCAB, VOCAB))
+    for _ in range(trials):
+        out = decode(verifier, PROMPT, 4, proposer=proposer, sampling=SAMPLING, generator=generator)
+        counts[out.new_ids[1], out.new_ids[2]] += 1
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threshold", [0.0, 0.3])
+def test_dspark_loop_drafting_through_the_markov_head_samples_the_verifier_joint(verifier, threshold):
+    """Draft 2 is sampled from the Markov-biased q conditioned on draft 1, and q is returned per position;
+    with a confidence threshold some blocks are cut after 0-2 drafts (the length depends on the drafts)."""
+    counts = chained_joint(verifier, dspark_proposer(verifier, threshold), 400, seed=4)
+    assert_matches(counts, exact_joint(verifier, 1))
+
+
+def test_the_chi_square_check_rejects_a_markov_chain_verified_against_the_wrong_q(verifier, monkeypatch):
+    """The test above can fail: returning the parallel pass's q (without the Markov bias) for drafts that
+    were sampled through the Markov head makes rejection sampling lossy, and the check sees it."""
+    proposer = dspark_proposer(verifier, 0.0)
+    original = proposer.markov_chain
+
+    def wrong_q(logits, hidden, anchor_id, sampling, generator):
+        drafts, _ = original(logits, hidden, anchor_id, sampling, generator)
+        return drafts, None if not drafts else warp_probs(logits[: len(drafts)], sampling)
+
+    monkeypatch.setattr(proposer, "markov_chain", wrong_q)
+    counts = chained_joint(verifier, proposer, 400, seed=4)
+    with pytest.raises(AssertionError):
+        assert_matches(counts, exact_joint(verifier, 1))
+
+
 @pytest.mark.slow
 def test_eagle3_loop_with_a_reduced_draft_vocabulary_samples_the_verifier_joint(verifier):
     """Two drafts per step, the second from the head's own state; the draft vocabulary leaves out

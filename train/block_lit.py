@@ -7,6 +7,11 @@ and one drafter forward over all blocks of every sequence with the block attenti
 (pipeline/drafters/block/model.py: `block_attention_mask`). Labels are the verifier's own predictions (its
 argmax, or its distribution for `fkl`), not the sampled corpus tokens, unless `loss.labels: corpus`.
 
+DSpark variant (`markov_rank` > 0): the loss is taken on the Markov-biased logits, teacher-forced: block
+position k's bias comes from the token the verifier produced at anchor + k − 1 (the anchor, then the corpus
+response), where drafting feeds the token it just drafted. With `confidence_head`, a BCE term teaches the
+head each position's acceptance rate Σ min(p, q) against the verifier's distribution.
+
 Acceptance proxy: block position k "matches" when the drafter's top-1 equals the verifier's top-1 for
 the token at anchor + k (teacher-forced on the corpus prefix, which on greedy rows is the verifier's
 own continuation and on sampled rows is not: the proxy overstates real acceptance there, hence the
@@ -34,7 +39,7 @@ from train.agreement import DraftAgreement
 from train.block_data import BlockBatches, block_targets, sample_anchors
 from train.decoded import decode_prompts, decoded_acceptance
 from train.frozen import FrozenVerifier
-from train.losses import block_loss, position_weights
+from train.losses import acceptance_rate, block_loss, confidence_loss, position_weights
 from train.trainer import DrafterModule
 from train.verifier_cache import VerifierOutputCache
 
@@ -67,7 +72,12 @@ def verifier_targets(
     out = verifier(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
     wanted = {layer_id + 1 for layer_id in drafter.config.target_layer_ids}  # index 0 is the embeddings
     hidden = tuple(state if index in wanted else None for index, state in enumerate(out.hidden_states))
-    return VerifierTargets(hidden, out.logits.argmax(-1), out.logits if cfg.loss.fkl > 0 else None)
+    return VerifierTargets(hidden, out.logits.argmax(-1), out.logits if needs_teacher_logits(cfg) else None)
+
+
+def needs_teacher_logits(cfg: BlockDrafterConfig) -> bool:
+    """fkl learns the verifier's distribution; the confidence head's target is the acceptance rate against it."""
+    return cfg.loss.fkl > 0 or cfg.confidence_head
 
 
 def block_signals(
@@ -91,12 +101,26 @@ def block_signals(
         batch["input_ids"], batch["lengths"], anchors, anchor_valid, drafter.block_size
     )
     features = drafter.fuse_target_hidden(targets.hidden_states)
-    logits = drafter(features, batch["attention_mask"].bool(), block_ids, anchors, embed_tokens, lm_head)
+    logits, hidden = drafter(features, batch["attention_mask"].bool(), block_ids, anchors, embed_tokens, lm_head,
+                             return_hidden=True)
+    # DSpark: position k's Markov bias comes from the token before it, teacher-forced to what the verifier
+    # produced there (the anchor, then the corpus response); drafting feeds the drafted token instead
+    prev_ids = block_ids[..., :-1]
+    if drafter.markov_head is not None:
+        logits = drafter.markov_logits(logits, prev_ids)
     verifier_top1 = at_block_positions(targets.top1, anchors, drafter.block_size)
-    teacher = at_block_positions(targets.logits, anchors, drafter.block_size) if cfg.loss.fkl > 0 else None
+    teacher = at_block_positions(targets.logits, anchors, drafter.block_size) if needs_teacher_logits(cfg) else None
     labels = verifier_top1 if cfg.loss.labels == "verifier" else corpus_labels
     trained = label_valid & greedy_chain(corpus_labels, verifier_top1) if cfg.loss.greedy_chain else label_valid
-    loss, terms = block_loss(cfg.loss, logits, trained, weights, labels=labels, teacher_logits=teacher)
+    loss, terms = block_loss(cfg.loss, logits, trained, weights, labels=labels,
+                             teacher_logits=teacher if cfg.loss.fkl > 0 else None)
+    if drafter.confidence_head is not None:
+        # the head learns to read acceptance off the drafter, not to reshape it: hidden states are detached,
+        # so it never trades drafting quality for calibration
+        confidence = drafter.confidence_logits(hidden.detach(), prev_ids)
+        target = acceptance_rate(logits.detach(), teacher, cfg.loss.temperature)
+        terms["confidence"] = confidence_loss(confidence, target, trained, weights)
+        loss = loss + cfg.loss.confidence * terms["confidence"]
     match = (logits.detach().argmax(-1) == verifier_top1) & label_valid
     return loss, terms, match, label_valid
 

@@ -52,11 +52,16 @@ def rkl(student_logits, teacher_logits, mask, temperature: float = 1.0) -> torch
     return masked_mean(_kl(_log_probs(student_logits, temperature), _log_probs(teacher_logits, temperature)), mask)
 
 
-def tvd(student_logits, teacher_logits, mask, temperature: float = 1.0) -> torch.Tensor:
-    """Total variation distance ½ Σ |p − q|."""
+def _tv(student_logits, teacher_logits, temperature: float) -> torch.Tensor:
+    """Total variation distance ½ Σ |p − q| per position."""
     p = _log_probs(teacher_logits, temperature).exp()
     q = _log_probs(student_logits, temperature).exp()
-    return masked_mean(0.5 * (p - q).abs().sum(-1), mask)
+    return 0.5 * (p - q).abs().sum(-1)
+
+
+def tvd(student_logits, teacher_logits, mask, temperature: float = 1.0) -> torch.Tensor:
+    """Total variation distance ½ Σ |p − q|."""
+    return masked_mean(_tv(student_logits, teacher_logits, temperature), mask)
 
 
 def jsd(student_logits, teacher_logits, mask, temperature: float = 1.0) -> torch.Tensor:
@@ -135,6 +140,20 @@ def block_loss(
         terms["fkl"] = position_weighted_mean(kl, valid, weights)
     total = sum(getattr(cfg, name) * value for name, value in terms.items())
     return total, terms
+
+
+def acceptance_rate(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Σ_v min(p_v, q_v) = 1 − TV(p, q) per position: the probability that rejection sampling accepts a draft
+    from q against p, the confidence head's target (as the DSpark reference trains it)."""
+    return 1.0 - _tv(student_logits, teacher_logits, temperature)
+
+
+def confidence_loss(confidence_logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
+                    weights: torch.Tensor) -> torch.Tensor:
+    """Position-weighted BCE of the confidence head's logits (…, L−1) against acceptance rates in [0, 1]."""
+    bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), target.float().clamp(0.0, 1.0),
+                                             reduction="none")
+    return position_weighted_mean(bce, valid, weights)
 
 
 def default_gamma(block_size: int) -> float:

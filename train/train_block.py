@@ -1,7 +1,8 @@
 """Stage `train_block`: train the DFlash-style block drafter against the verifier on the corpus.
 
 Writes `artifacts/drafters/block/` (DFlash layout: config.json + safetensors with `layers.*`, `fc`,
-`hidden_norm`, `norm`; tokenizer files; training.json), `metrics/train_block.json` and the τ-vs-steps
+`hidden_norm`, `norm`, plus `markov_head.*` / `confidence_head.*` for the DSpark variant,
+`train.block.markov_rank` > 0; tokenizer files; training.json), `metrics/train_block.json` and the τ-vs-steps
 plot `plots/train_block_tau.{png,csv}`; Lightning checkpoints live in `artifacts/checkpoints/block/`
 so a killed run resumes where it stopped.
 """
@@ -63,6 +64,8 @@ def block_recipe(params: TrainParams, verifier, tokenizer, corpus, modules: list
             "mask_mode": drafter.config.mask_mode,
             "mask_token_id": drafter.config.mask_token_id,
             "mask_rule": drafter.config.mask_rule,
+            "markov_rank": drafter.config.markov_rank,
+            "confidence_head": drafter.config.enable_confidence_head,
         },
     )
 

@@ -18,6 +18,10 @@ class EvaluateConfig(Section):
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     denoise_steps: int = Field(1, ge=1)
+    confidence_threshold: float = Field(
+        0.0, ge=0.0, lt=1.0, description="block drafters with a confidence head: stop drafting a block once the "
+        "product of its positions' predicted acceptance falls below this (0: always draft the whole block)",
+    )
     backend: Literal["torch", "onnx"] = "torch"
     seed: int = Field(0, ge=0)
     peer_baseline: StrictBool = True

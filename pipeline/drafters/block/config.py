@@ -19,6 +19,10 @@ class BlockLossConfig(Section):
 
     ce: float = Field(1.0, ge=0)
     fkl: float = Field(0.0, ge=0)
+    confidence: float = Field(
+        1.0, ge=0, description="weight of the confidence head's BCE against each position's acceptance rate "
+        "(train.block.confidence_head only)",
+    )
     labels: Literal["verifier", "corpus"] = "verifier"
     greedy_chain: StrictBool = Field(
         True, description="position k >= 2 counts only where the response follows the verifier's argmax from the "
@@ -65,6 +69,15 @@ class BlockDrafterConfig(Section):
         "where the prompt follows the verifier's argmax, with greedy_chain): more blocks from a small corpus",
     )
     gamma: Optional[float] = Field(None, gt=0, description="None: 7 for B=16, 5 for 10, 4 for 8")
+    markov_rank: int = Field(
+        0, ge=0, le=4096, description="0: plain DFlash. r > 0: the DSpark variant, a rank-r Markov head (V x r, "
+        "r x V) adding a bias from the previous block token to each position's logits, drafted left to right; "
+        "exported for vLLM `method: dspark`",
+    )
+    confidence_head: StrictBool = Field(
+        False, description="DSpark confidence head (needs markov_rank > 0): per-position acceptance estimate, "
+        "which lets decoding cut a block short (evaluate.confidence_threshold)",
+    )
     loss: BlockLossConfig = BlockLossConfig()
     decode_prompts: int = Field(
         4, ge=0, description="validation prompts greedily decoded with the drafter at every validation (real tau)",
@@ -75,6 +88,13 @@ class BlockDrafterConfig(Section):
         "step; costs T·(num_feature_layers·hidden + 1) floats per corpus row (T·vocab more with fkl) of memory",
     )
     trainer: TrainerConfig = TrainerConfig()
+
+    @model_validator(mode="after")
+    def _confidence_needs_markov(self) -> "BlockDrafterConfig":
+        # vLLM's DSpark layout always carries a Markov head; a confidence head alone has no servable layout
+        if self.confidence_head and self.markov_rank == 0:
+            raise ValueError("confidence_head: true needs markov_rank > 0 (the DSpark layout)")
+        return self
 
 
 @cross_check("train", "verifier")

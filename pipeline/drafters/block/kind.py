@@ -1,5 +1,11 @@
 """The block drafter kind: a DFlash-style drafter that drafts a whole block per pass from the
-verifier's own hidden states."""
+verifier's own hidden states.
+
+One kind, two served layouts: with `train.block.markov_rank` 0 it is DFlash (vLLM `method: dflash`);
+with markov_rank > 0 it is the DSpark variant, the same parallel pass plus a Markov head (and optionally
+a confidence head), exported as vLLM's `Qwen3DSparkModel` (`method: dspark`). Same package, same
+training stage; the checkpoint's config says which (`markov_rank`), and every part below follows it.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +47,7 @@ class BlockKind:
         else:
             model = load_drafter(drafter_dir, verifier.dtype).to(verifier.device)
             drafter = BlockDrafter(model, verifier, config.denoise_steps)
-        return LoadedDrafter(BlockProposer(drafter), config.backend, None)
+        return LoadedDrafter(BlockProposer(drafter, config.confidence_threshold), config.backend, None)
 
 
 BLOCK: DrafterKind = BlockKind()

@@ -12,6 +12,16 @@ Weight names follow z-lab/dflash (`layers.*`, `fc`, `hidden_norm`, `norm`; no em
 which is what vLLM `method: dflash`, SGLang `DFLASH` and TensorRT-LLM `DFlashDecodingConfig` load.
 As upstream, the context features enter each layer's k/v projections directly (they are already
 normalised by `hidden_norm`); only the block goes through `input_layernorm`.
+
+The DSpark variant (`train.block.markov_rank` > 0; arXiv DSpark, vLLM `qwen3_dspark.py`) is this same
+drafter plus a **Markov head**: `markov_w1` (V × r embedding) of the previous block token, projected by
+`markov_w2` (r × V) to a bias added to the position's logits. The parallel pass is unchanged; the bias
+makes position k depend on the token drafted at k − 1, so drafting runs left to right through the head
+(`markov_logits`), at every temperature. Training teacher-forces it: the previous token is the one the
+verifier produced in the corpus at anchor + k − 1 (the anchor for k = 1). An optional **confidence
+head** (`proj` over [block hidden state; Markov embedding]) estimates each position's acceptance, so
+decoding may cut a block short. Weight names are vLLM's (`markov_head.markov_w{1,2}`,
+`confidence_head.proj`); the export writes them under `architectures: ["Qwen3DSparkModel"]`.
 """
 
 from __future__ import annotations
@@ -76,6 +86,8 @@ class DFlashConfig(PretrainedConfig):
         mask_rule: str | None = None,
         initializer_range: float = 0.02,
         attention_bias: bool = False,
+        markov_rank: int = 0,
+        enable_confidence_head: bool = False,
         **kwargs,
     ):
         self.hidden_size = hidden_size
@@ -108,6 +120,12 @@ class DFlashConfig(PretrainedConfig):
         self.mask_rule = mask_rule  # why this mask id (kept in config.json, shown in launch.md)
         self.initializer_range = initializer_range
         self.attention_bias = attention_bias
+        if markov_rank < 0 or (enable_confidence_head and markov_rank == 0):
+            raise ValueError(f"markov_rank must be >= 0 and > 0 with a confidence head, got {markov_rank}")
+        self.markov_rank = int(markov_rank)
+        self.enable_confidence_head = bool(enable_confidence_head)
+        # vLLM's key: the confidence head reads [hidden; Markov embedding] (always, here: it needs the head)
+        self.confidence_head_with_markov = self.enable_confidence_head
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
 
@@ -123,6 +141,11 @@ class DFlashConfig(PretrainedConfig):
     def causal(self) -> bool:
         """Attention inside the block: False (DFlash) sees the whole block, True the anchor and earlier positions."""
         return bool(self.dflash_config["causal"])
+
+    @property
+    def is_dspark(self) -> bool:
+        """The DSpark variant: a Markov head (and maybe a confidence head) on the DFlash pass."""
+        return self.markov_rank > 0
 
 
 # --------------------------------------------------------------------------- layers
@@ -180,6 +203,36 @@ class DFlashDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class MarkovHead(nn.Module):
+    """DSpark's transition bias from the previous token: `markov_w2(markov_w1[prev])` (V × r, then r × V)."""
+
+    def __init__(self, vocab_size: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+
+    def embed(self, prev_ids: Tensor) -> Tensor:
+        return self.markov_w1(prev_ids)
+
+    def bias(self, embeds: Tensor) -> Tensor:
+        return self.markov_w2(embeds)
+
+
+class ConfidenceHead(nn.Module):
+    """DSpark's per-position acceptance estimate: a logit from [block hidden state; Markov embedding].
+
+    Computed in float32, as vLLM's `DSparkConfidenceHead` does (its `proj` holds float32 parameters).
+    """
+
+    def __init__(self, input_dim: int):
+        super().__init__()
+        self.proj = nn.Linear(input_dim, 1, bias=True)
+
+    def forward(self, hidden: Tensor, markov_embeds: Tensor) -> Tensor:
+        features = torch.cat([hidden, markov_embeds.to(hidden.dtype)], dim=-1).float()
+        return F.linear(features, self.proj.weight.float(), self.proj.bias.float()).squeeze(-1)
+
+
 # --------------------------------------------------------------------------- context cache
 
 
@@ -214,9 +267,17 @@ class DFlashDraftModel(PreTrainedModel):
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         if config.mask_mode == "learned":
             self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size))
+        self.markov_head = MarkovHead(config.vocab_size, config.markov_rank) if config.is_dspark else None
+        self.confidence_head = (ConfidenceHead(config.hidden_size + config.markov_rank)
+                                if config.enable_confidence_head else None)
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
+        if self.markov_head is not None and module is self.markov_head.markov_w2:
+            # a zero projection makes the fresh head add nothing: training starts from plain DFlash drafting
+            # and the bias grows only as far as the previous token helps (w1 still gets gradients through w2)
+            init.zeros_(module.weight)
+            return
         super()._init_weights(module)
         if module is self and getattr(self, "mask_embedding", None) is not None:
             init.normal_(self.mask_embedding, mean=0.0, std=self.config.initializer_range)
@@ -285,21 +346,42 @@ class DFlashDraftModel(PreTrainedModel):
         masked: Tensor,
         anchor_positions: Tensor,
         embed_tokens: nn.Module,
-        lm_head: nn.Module,
+        lm_head: nn.Module | None,
     ) -> Tensor:
         """The one DFlash pass that training, drafting and the ONNX graph all run.
 
         Blocks (B, N, L) start with their anchor at anchor_positions (B, N); `masked` positions get the
         mask embedding. Context keys/values per layer (B, H_kv, T, head_dim) sit at context_positions
-        (B, T), `context_valid` (B, T) or None. Returns logits (B, N, L−1, V) for block positions 1..L−1.
+        (B, T), `context_valid` (B, T) or None. Returns logits (B, N, L−1, V) for block positions 1..L−1,
+        or with `lm_head` None the normed hidden states (B, N, L−1, D) the LM head (and a DSpark
+        confidence head) reads.
         """
         batch, n_blocks, size = block_ids.shape
         offsets = torch.arange(size, device=block_ids.device)
         positions = (anchor_positions[..., None] + offsets).reshape(batch, n_blocks * size)
         embeds = self.embed_block(block_ids, masked, embed_tokens).reshape(batch, n_blocks * size, -1)
         mask = block_attention_mask(context_positions, context_valid, anchor_positions, size, self.config.causal)
-        hidden = self.run_layers(embeds, positions, context_kv, mask).view(batch, n_blocks, size, -1)
-        return lm_head(hidden[:, :, 1:])
+        hidden = self.run_layers(embeds, positions, context_kv, mask).view(batch, n_blocks, size, -1)[:, :, 1:]
+        return hidden if lm_head is None else lm_head(hidden)
+
+    # ----------------------------------------------------------------- DSpark heads
+
+    def markov_embed(self, prev_ids: Tensor) -> Tensor:
+        """r-dim Markov embedding of the previous block tokens (any shape -> (..., r))."""
+        if self.markov_head is None:
+            raise ValueError("this block drafter has no Markov head (markov_rank 0)")
+        return self.markov_head.embed(prev_ids)
+
+    def markov_logits(self, base_logits: Tensor, prev_ids: Tensor) -> Tensor:
+        """Base logits (..., V) plus the Markov bias from the previous tokens (...): the distribution a DSpark
+        position drafts from. Training passes the verifier's tokens, drafting the tokens it just drafted."""
+        return base_logits + self.markov_head.bias(self.markov_embed(prev_ids)).to(base_logits.dtype)
+
+    def confidence_logits(self, hidden: Tensor, prev_ids: Tensor) -> Tensor:
+        """Acceptance logits (...) of positions with hidden states (..., D) after tokens `prev_ids` (...)."""
+        if self.confidence_head is None:
+            raise ValueError("this block drafter has no confidence head")
+        return self.confidence_head(hidden, self.markov_embed(prev_ids))
 
     def forward(
         self,
@@ -309,19 +391,22 @@ class DFlashDraftModel(PreTrainedModel):
         anchor_positions: Tensor,
         embed_tokens: nn.Module,
         lm_head: nn.Module,
-    ) -> Tensor:
+        return_hidden: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Training: all blocks of each sequence in one pass over features (B, T, D) at positions 0..T−1.
 
         block_ids (B, N, L) (the anchor at index 0, the rest is masked); anchor_positions (B, N). Block j
         sees the valid context at positions < anchor_positions[j] and all of its own block, nothing of
-        other blocks. Returns logits (B, N, L−1, V).
+        other blocks. Returns the base logits (B, N, L−1, V) (before any Markov bias), with the hidden
+        states (B, N, L−1, D) too when `return_hidden` (the confidence head reads them).
         """
         batch, total = context_features.shape[:2]
         context_positions = torch.arange(total, device=block_ids.device).expand(batch, total)
         context_kv = self.context_key_values(context_features, context_positions)
         masked = (torch.arange(block_ids.shape[-1], device=block_ids.device) > 0).expand_as(block_ids)
-        return self.block_logits(context_kv, context_positions, context_valid.bool(), block_ids, masked,
-                                 anchor_positions, embed_tokens, lm_head)
+        hidden = self.block_logits(context_kv, context_positions, context_valid.bool(), block_ids, masked,
+                                   anchor_positions, embed_tokens, None)
+        return (lm_head(hidden), hidden) if return_hidden else lm_head(hidden)
 
     @torch.no_grad()
     def draft_block(
@@ -332,8 +417,11 @@ class DFlashDraftModel(PreTrainedModel):
         embed_tokens: nn.Module,
         lm_head: nn.Module,
         denoise_steps: int = 1,
-    ) -> tuple[Tensor, Tensor]:
-        """Draft the B−1 tokens after each anchor: ids (B, block_size−1) and logits (B, block_size−1, V).
+        return_hidden: bool = False,
+    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+        """Draft the B−1 tokens after each anchor: ids (B, block_size−1) and logits (B, block_size−1, V)
+        (the parallel pass: a DSpark drafter's Markov bias is added position by position afterwards), and
+        with `return_hidden` the last pass's hidden states (B, block_size−1, D).
 
         The cached context is gated by position (only positions < the anchor's are visible), so a
         cache holding more than the committed prefix cannot leak into the draft. `denoise_steps` > 1
@@ -349,9 +437,11 @@ class DFlashDraftModel(PreTrainedModel):
         context_kv = list(zip(cache.keys, cache.values))
         passes = min(denoise_steps, size - 1)
         final_logits: Tensor | None = None
+        hidden: Tensor | None = None
         for step in range(passes):
-            logits = self.block_logits(context_kv, cache.positions, None, block_ids, masked, anchor_positions[:, None],
-                                       embed_tokens, lm_head)[:, 0]
+            hidden = self.block_logits(context_kv, cache.positions, None, block_ids, masked, anchor_positions[:, None],
+                                       embed_tokens, None)[:, 0]
+            logits = lm_head(hidden)
             still_masked = masked[:, 0, 1:]
             if final_logits is None:
                 final_logits = logits.clone()
@@ -361,6 +451,8 @@ class DFlashDraftModel(PreTrainedModel):
             chosen = confidence.topk(commit, dim=-1).indices
             block_ids[:, 0, 1:].scatter_(1, chosen, logits.argmax(-1).gather(1, chosen))
             masked[:, 0, 1:].scatter_(1, chosen, False)
+        if return_hidden:
+            return final_logits.argmax(-1), final_logits, hidden
         return final_logits.argmax(-1), final_logits
 
 
@@ -436,6 +528,8 @@ def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: 
                        "causal": cfg.attention == "causal"},
         mask_mode=mask_mode,
         mask_rule=mask_rule,
+        markov_rank=cfg.markov_rank,
+        enable_confidence_head=cfg.confidence_head,
         eos_token_id=getattr(text, "eos_token_id", None),
         pad_token_id=getattr(text, "pad_token_id", None),
     )
@@ -468,7 +562,7 @@ def load_drafter(path: Path, dtype: torch.dtype = torch.float32) -> DFlashDraftM
     """A trained (or served) block drafter, frozen, for decoding and export."""
     require_checkpoint(path, "block")
     architectures = json.loads((path / "config.json").read_text(encoding="utf-8")).get("architectures") or []
-    if "DFlashDraftModel" not in architectures:
+    if not {"DFlashDraftModel", "Qwen3DSparkModel"} & set(architectures):  # trained / served (DFlash or DSpark)
         raise DraftlineError(f"{path}/config.json is not a DFlash drafter (architectures={architectures}); "
                              "re-run `dvc repro train_block`")
     model = load_pretrained(DFlashDraftModel.from_pretrained, path, f"block drafter at {path}",

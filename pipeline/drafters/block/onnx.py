@@ -1,12 +1,15 @@
 """The block drafter as an ONNX graph: one DFlash pass with a flat context cache, and its parity checks.
 
 `(anchor_ids, anchor_positions, context_features, context_positions, past_context_positions,
-past_context_key.0, past_context_value.0, ...) -> (logits (B, block_size−1, V),
-present_context_positions, present_context_key.0, ...)`: the newly committed positions' fused
+past_context_key.0, past_context_value.0, ...) -> (logits (B, block_size−1, V), [hidden (B, block_size−1,
+D): DSpark drafters with a confidence head only], present_context_positions, present_context_key.0, ...)`:
+the newly committed positions' fused
 features are projected and appended to the cached context K/V, then `[anchor, MASK...]` is drafted
 by `DFlashDraftModel.block_logits` (the same pass training and `draft_block` run) with the verifier's
 embedding table and LM head inside the graph. One pass per block (denoise_steps 1, the DFlash
-default): the data-dependent unmasking loop does not export.
+default): the data-dependent unmasking loop does not export. A DSpark drafter's Markov and confidence heads
+are not in the graph: they run position by position after it (`decoding.BlockProposer`), on the logits
+and hidden states the graph returns.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from torch import nn
 
 from pipeline.config.export_config import ProfileConfig
+from pipeline.drafters.block.decoding import Drafted
 from pipeline.drafters.block.model import DFlashDraftModel, anchor_blocks, load_drafter
 from pipeline.drafters.interface import OnnxExport, OnnxJob
 from pipeline.drafters.onnx_io import (
@@ -54,8 +58,10 @@ def io_spec(model: DFlashDraftModel, vocab_size: int, dtype: str = "float32") ->
         TensorSpec("past_context_positions", "int64", (BATCH, PAST)),
         *kv_tensors(kv_names(layers, "past_context"), dtype, kv_heads, PAST, head_dim),
     ]
+    block = int(config.block_size) - 1
     outputs = [
-        TensorSpec("logits", dtype, (BATCH, int(config.block_size) - 1, vocab_size)),
+        TensorSpec("logits", dtype, (BATCH, block, vocab_size)),
+        *([TensorSpec("hidden", dtype, (BATCH, block, config.hidden_size))] if config.enable_confidence_head else []),
         TensorSpec("present_context_positions", "int64", (BATCH, TOTAL)),
         *kv_tensors(kv_names(layers, "present_context"), dtype, kv_heads, TOTAL, head_dim),
     ]
@@ -78,12 +84,17 @@ class BlockDraftWrapper(nn.Module):
         values = [torch.cat([past[2 * i + 1], v], dim=2) for i, (_, v) in enumerate(new)]
         positions_cached = torch.cat([past_context_positions, context_positions], dim=1)
         block_ids, masked = anchor_blocks(anchor_ids[:, None], self.model.block_size)
-        logits = self.model.block_logits(list(zip(keys, values)), positions_cached, None, block_ids, masked,
-                                         anchor_positions[:, None], self.embed_tokens, self.lm_head)[:, 0]
+        hidden = self.model.block_logits(list(zip(keys, values)), positions_cached, None, block_ids, masked,
+                                         anchor_positions[:, None], self.embed_tokens, None)[:, 0]
         present: list[torch.Tensor] = []
         for key, value in zip(keys, values):
             present += [key, value]
-        return (logits, positions_cached, *present)
+        return (self.lm_head(hidden), *with_hidden(self.model, hidden), positions_cached, *present)
+
+
+def with_hidden(model: DFlashDraftModel, hidden: torch.Tensor) -> list[torch.Tensor]:
+    """The `hidden` output, for drafters whose confidence head reads it."""
+    return [hidden] if model.confidence_head is not None else []
 
 
 @dataclass
@@ -104,9 +115,9 @@ class BlockReference:
         """Outputs in the graph's order after committing `features` at `positions` and drafting after them."""
         with torch.no_grad():
             self.model.extend_context(self.cache, features, positions)
-            _, logits = self.model.draft_block(self.cache, anchor_ids, positions[:, -1] + 1, self.embed_tokens,
-                                               self.lm_head, denoise_steps=1)
-        flat = [logits, self.cache.positions]
+            _, logits, hidden = self.model.draft_block(self.cache, anchor_ids, positions[:, -1] + 1, self.embed_tokens,
+                                                       self.lm_head, denoise_steps=1, return_hidden=True)
+        flat = [logits, *with_hidden(self.model, hidden), self.cache.positions]
         for key, value in zip(self.cache.keys, self.cache.values):
             flat += [key, value]
         return [t.float().numpy() if t.is_floating_point() else t.numpy() for t in flat]
@@ -140,6 +151,12 @@ def random_feeds(spec: IOSpec, batch: int, cached: int, new: int, generator: tor
                  list(random_kv(spec, batch, cached, generator).values()))
 
 
+def context_of(spec: IOSpec, outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The present context positions and K/V of one call's outputs, to feed back as the next call's past."""
+    named = dict(zip(spec.output_names, outputs))
+    return named["present_context_positions"], [named[name] for name in spec.kv_output_names]
+
+
 def _chunks(total: int, steps: int, prefill: int) -> list[tuple[int, int]]:
     """Context growth of a decoding replay: a prefill, then 1-2 committed positions per step, while
     a next token remains to serve as the anchor."""
@@ -169,7 +186,7 @@ def parity(reference: BlockReference, session: ort.InferenceSession, spec: IOSpe
             positions = torch.arange(cached).expand(batch, cached)
             outputs = reference.step(torch.randn(batch, cached, hidden, generator=generator), positions,
                                      torch.zeros(batch, dtype=torch.long))
-            past_positions, past = outputs[1], outputs[2:]
+            past_positions, past = context_of(spec, outputs)
         features = torch.randn(batch, new, hidden, generator=generator)
         positions = (torch.arange(new) + cached).expand(batch, new)
         anchors = torch.randint(0, vocab, (batch,), generator=generator)
@@ -190,7 +207,7 @@ def parity(reference: BlockReference, session: ort.InferenceSession, spec: IOSpe
             report.add(f"text {index} {'prefill' if step == 0 else f'step {step}'}", spec.output_names, expected, got)
             agree += int((expected[0].argmax(-1) == got[0].argmax(-1)).all())
             total += 1
-            past_positions, past = got[1], got[2:]
+            past_positions, past = context_of(spec, got)
     report.decode = {"texts": len(texts), "steps": steps, "block_argmax_agreement": agree / max(1, total)}
     return report
 
@@ -236,6 +253,7 @@ class OnnxBlockDrafter:
         self.session = session
         self.spec = spec
         self.fuser = fuser
+        self.heads = fuser  # the served checkpoint's Markov / confidence heads run in PyTorch
         self.block_size = int(fuser.config.block_size)
         self.reset()
 
@@ -253,7 +271,7 @@ class OnnxBlockDrafter:
         self.pending.append(features.float().cpu().numpy())
         self.context_length += count
 
-    def draft(self, anchor_id: int, anchor_position: int) -> torch.Tensor:
+    def draft(self, anchor_id: int, anchor_position: int) -> Drafted:
         if not self.pending:
             raise ValueError("the ONNX block drafter needs new context features before each draft")
         features = np.concatenate(self.pending, axis=1)
@@ -265,7 +283,8 @@ class OnnxBlockDrafter:
         self.positions = outputs["present_context_positions"]
         self.cache = [outputs[name] for name in self.spec.kv_output_names]
         self.pending = []
-        return torch.from_numpy(outputs["logits"][0])
+        hidden = outputs.get("hidden")
+        return torch.from_numpy(outputs["logits"][0]), None if hidden is None else torch.from_numpy(hidden[0])
 
 
 def load_onnx_drafter(export_dir: Path, denoise_steps: int = 1,

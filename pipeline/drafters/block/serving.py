@@ -19,6 +19,20 @@ from vLLM 0.32's source (`model_executor/models/qwen3_dflash.py`, `v1/spec_decod
   `rope_theta`, `max_position_embeddings`, `num_hidden_layers`, `vocab_size`: the layer shapes (all).
 TensorRT-LLM takes mask id and layer ids from its `DFlashDecodingConfig` (the spec.yaml in launch.md);
 that snippet is checked against its config class only, not run.
+
+The DSpark variant (`markov_rank` > 0) is written for vLLM's `qwen3_dspark.py` (`Qwen3DSparkForCausalLM`,
+speculator `v1/worker/gpu/spec_decode/dspark/`), which reuses the DFlash backbone and every key above, plus:
+- `architectures: ["Qwen3DSparkModel"]`: the registry entry, and what makes `method: dspark` the default.
+- `markov_rank`: the Markov head's width (`markov_head.markov_w1` V × r, `markov_head.markov_w2` V × r).
+- `enable_confidence_head`, `confidence_head_with_markov`: the confidence head (`confidence_head.proj`,
+  input hidden_size + markov_rank, with bias), read only by vLLM's adaptive verification.
+- `draft_vocab_size`: the full vocabulary (no d2t), so the verifier's LM head is shared.
+- `sample_from_anchor: false`: the DFlash 1 + N fill-in block, [anchor, mask × N] with position k
+  predicting anchor + k, exactly what this drafter trained on (vLLM's default `true` is the layout
+  whose anchor slot predicts the first draft); the Markov chain then starts from the anchor token.
+- `markov_head_type: "vanilla"`: the bias reads only the previous token (what vLLM implements).
+vLLM runs DSpark only in its model runner V2, which needs Triton: the CPU build (0.32.0) refuses it
+("Model Runner V1 does not support: dspark"), so serve_check records it skipped there.
 """
 
 from __future__ import annotations
@@ -48,6 +62,13 @@ CONFIG_KEYS = ("architectures", "model_type", "block_size", "num_target_layers",
                "rms_norm_eps", "num_hidden_layers", "vocab_size")
 DFLASH_KEYS = ("mask_token_id", "target_layer_ids")
 DRAFTLINE_ONLY_KEYS = ("model_type", "mask_mode", "auto_map")  # meaningless to (or wrong for) serving loaders
+DSPARK_KEYS = ("markov_rank", "enable_confidence_head", "confidence_head_with_markov")
+DFLASH_ARCHITECTURE = "DFlashDraftModel"
+DSPARK_ARCHITECTURE = "Qwen3DSparkModel"
+
+
+def is_dspark(config: dict) -> bool:
+    return int(config.get("markov_rank") or 0) > 0
 
 
 def served_config(config: dict) -> dict:
@@ -62,10 +83,16 @@ def served_config(config: dict) -> dict:
         raise DraftlineError("block drafter was trained with a learned mask embedding (train.block.mask: learned), "
                              "which vLLM, SGLang and TensorRT-LLM cannot load; retrain with train.block.mask: auto "
                              "(a vocabulary id chosen by rule) to export it for serving")
-    served = {key: value for key, value in config.items() if key not in DRAFTLINE_ONLY_KEYS}
+    dspark = is_dspark(config)
+    # a plain DFlash export carries no DSpark keys, so it reads exactly as before the variant existed
+    dropped = DRAFTLINE_ONLY_KEYS + (() if dspark else DSPARK_KEYS)
+    served = {key: value for key, value in config.items() if key not in dropped}
     layers = int(config["num_hidden_layers"])
-    served.update(model_type="qwen3", architectures=["DFlashDraftModel"], use_sliding_window=False,
-                  sliding_window=None, max_window_layers=layers, layer_types=["full_attention"] * layers)
+    served.update(model_type="qwen3", architectures=[DSPARK_ARCHITECTURE if dspark else DFLASH_ARCHITECTURE],
+                  use_sliding_window=False, sliding_window=None, max_window_layers=layers,
+                  layer_types=["full_attention"] * layers)
+    if dspark:
+        served.update(markov_head_type="vanilla", sample_from_anchor=False, draft_vocab_size=config["vocab_size"])
     return served
 
 
@@ -92,9 +119,11 @@ def check_layout(directory: Path) -> dict:
         raise DraftlineError(f"{directory}: a served DFlash config needs model_type 'qwen3', layer_types all "
                              f"'full_attention' and use_sliding_window false (got model_type "
                              f"'{config['model_type']}'); {HINT}")
-    if "DFlashDraftModel" not in config["architectures"]:
+    dspark = is_dspark(config)
+    expected = DSPARK_ARCHITECTURE if dspark else DFLASH_ARCHITECTURE
+    if expected not in config["architectures"]:
         raise DraftlineError(f"{directory}: config 'architectures' is {config['architectures']}, expected "
-                             f"['DFlashDraftModel']; {HINT}")
+                             f"['{expected}'] (markov_rank {config.get('markov_rank') or 0}); {HINT}")
     dflash = config["dflash_config"]
     if not isinstance(dflash, dict):
         fail(directory, "config key 'dflash_config' (a mapping)")
@@ -108,6 +137,8 @@ def check_layout(directory: Path) -> dict:
     names = weight_names(directory)
     required = ["fc.weight", "hidden_norm.weight", "norm.weight"]
     required += layer_weights("layers.", int(config["num_hidden_layers"]), True)
+    if dspark:
+        required += dspark_weights(directory, config)
     require_weights(directory, names, required)
     stray = sorted(name for name in names if "embed_tokens" in name or name.startswith("lm_head"))
     if stray:
@@ -118,7 +149,21 @@ def check_layout(directory: Path) -> dict:
     return config
 
 
+def dspark_weights(directory: Path, config: dict) -> list[str]:
+    """The DSpark heads' weight names vLLM loads, after checking the keys that size them."""
+    require_keys(directory, config, DSPARK_KEYS + ("draft_vocab_size",))
+    if config.get("sample_from_anchor") is not False:
+        raise DraftlineError(f"{directory}: a served DSpark config needs sample_from_anchor false (this drafter "
+                             f"predicts anchor + k at block position k, DFlash's fill-in layout); {HINT}")
+    names = ["markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
+    if config["enable_confidence_head"]:
+        names += ["confidence_head.proj.weight", "confidence_head.proj.bias"]
+    return names
+
+
 def launch(served: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launch:
+    if is_dspark(served):
+        return dspark_launch(served, verifier, draft)
     block = int(served["block_size"])
     k = block - 1
     mask_token_id = served["dflash_config"]["mask_token_id"]
@@ -161,4 +206,35 @@ speculative_config:
 ```
 
 {trtllm_serve(verifier)}"""
+    return Launch(markdown, speculative)
+
+
+def dspark_launch(served: dict, verifier: str, draft: Path) -> Launch:
+    block = int(served["block_size"])
+    k = block - 1
+    mask_token_id = served["dflash_config"]["mask_token_id"]
+    layer_ids = "[" + ", ".join(str(int(i)) for i in served["dflash_config"]["target_layer_ids"]) + "]"
+    confidence = "with a confidence head" if served["enable_confidence_head"] else "without a confidence head"
+    speculative = {"method": "dspark", "model": str(draft), "num_speculative_tokens": k}
+    markdown = f"""# Serving the block drafter, DSpark variant (Markov head)
+
+Draft model: `{draft}` (vLLM's DSpark layout: `architectures: ["Qwen3DSparkModel"]`, the DFlash drafter
+layers + `fc` + `hidden_norm` + `norm`, plus the Markov head `markov_head.markov_w1` / `markov_w2`
+(rank {served["markov_rank"]}), {confidence}; embedding and LM head are the verifier's).
+Target (verifier): `{verifier}`. Block size {block}, so {k} draft tokens per step, drafted left to right
+through the Markov head; mask token id {mask_token_id}; verifier layers feeding the drafter {layer_ids}.
+`sample_from_anchor: false`: the block is [anchor, mask × {k}] as in DFlash.
+
+{vllm_section(verifier, speculative)}
+vLLM runs `method: dspark` only in its model runner V2, which needs Triton: on vLLM's CPU build (0.32.0)
+the engine refuses it ("Model Runner V1 does not support: dspark speculative decoding"), so serve_check
+records this drafter as skipped there. With a GPU build, add `"enable_adaptive_verification": true` to
+let the confidence head shorten verification.
+
+## SGLang, TensorRT-LLM
+
+No launch snippet: this project has not checked a DSpark loader in either. Their DFlash loaders
+(`DFLASH`, `DFlashDecodingConfig`) would load the backbone and drop the Markov head: lossless, but
+drafting as plain DFlash. Train with `train.block.markov_rank: 0` for a DFlash export they load.
+"""
     return Launch(markdown, speculative)
