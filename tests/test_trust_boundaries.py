@@ -507,6 +507,8 @@ def _promote_once(ws, capsys) -> tuple[int, str]:
     ("artifacts/drafters/ar/training.json", [], "training.json is not a training record"),
     ("artifacts/drafters/ar/training.json", {"lineage": "v1"}, "training.json is not a training record"),
     ("metrics/eval.json", {"drafters": {"ar": "fast"}}, r"the entry of \['ar'\] is not an object"),
+    ("metrics/eval.json", {"drafters": {"ar": {"by_temperature": "fast"}}}, r"the entry of \['ar'\] is not an object"),
+    ("metrics/eval.json", {"drafters": {"ar": {"by_temperature": {"0.0": {"code": 2.0}}}}}, "is not an object"),
     ("metrics/serving.json", {"drafters": ["ar"]}, "serving.json is not a serve_check report"),
     ("metrics/serving.json", {"drafters": {"ar": [1]}}, "serving.json is not a serve_check report"),
 ])

@@ -78,6 +78,7 @@ def build_trainer(
         enable_version_counter=False,
     )
     accelerator = "gpu" if uses_gpu(cfg) else "cpu"
+    enable_progress_bar = enable_progress_bar and is_rank_zero()  # one bar per run, not one per process
     if enable_progress_bar and not sys.stderr.isatty():
         # a log file gets one bar line per ~5% of training, not one per step
         callbacks = [*callbacks, TQDMProgressBar(refresh_rate=max(1, cfg.max_steps // 20))]
@@ -99,7 +100,7 @@ def build_trainer(
         log_every_n_steps=max(1, min(10, cfg.val_every_n_steps)),
         logger=logger,
         callbacks=[checkpointing, *callbacks],
-        enable_progress_bar=enable_progress_bar and is_rank_zero(),
+        enable_progress_bar=enable_progress_bar,  # Lightning refuses a bar callback on a rank without a bar
         enable_model_summary=False,
         default_root_dir=str(checkpoint_dir),
         use_distributed_sampler=True,

@@ -77,6 +77,17 @@ DVC_LOCK = Path("dvc.lock")
 TAG_GATE_KEY = "gate.key"  # hash of the gate config (promote thresholds) the decision was made under
 
 
+def _evaluation_entry(entry: object) -> bool:
+    """An eval.json drafter entry of the expected shape: by_temperature -> domain -> metric (values are
+    judged by the gate; a wrong shape would be an AttributeError wherever it is first walked)."""
+    if not isinstance(entry, dict):
+        return False
+    by_temperature = entry.get("by_temperature", {})
+    return isinstance(by_temperature, dict) and all(
+        isinstance(by_domain, dict) and all(isinstance(values, dict) for values in by_domain.values())
+        for by_domain in by_temperature.values())
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """`metrics/eval.json`, checked for the keys promotion relies on."""
@@ -105,9 +116,10 @@ class Evaluation:
         unknown = sorted(set(drafters) - set(DRAFTER_NAMES))
         if unknown:
             raise DraftlineError(f"{path}: unknown drafter kind(s) {unknown}; expected {list(DRAFTER_NAMES)}")
-        malformed = sorted(kind for kind, entry in drafters.items() if not isinstance(entry, dict))
+        malformed = sorted(kind for kind, entry in drafters.items() if not _evaluation_entry(entry))
         if malformed:
-            raise DraftlineError(f"{path}: the entry of {malformed} is not an object; rerun `draftline evaluate`")
+            raise DraftlineError(f"{path}: the entry of {malformed} is not an object of by_temperature -> domain -> "
+                                 "metrics; rerun `draftline evaluate`")
         return cls(path, hash_file(path), str(verifier["id"]), str(verifier["hash"]),
                    str(data.get("corpus_hash", "")), drafters)
 
