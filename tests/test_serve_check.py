@@ -404,9 +404,8 @@ def test_vllms_cpu_build_refuses_the_dspark_export_and_serve_check_records_it_sk
     `method: dspark` (model runner V1), so the drafter is skipped with vLLM's reason, not failed. When a vLLM
     build runs it, this test fails and the DSpark variant can join the served checks."""
     from export.export import export_serving
-    from pipeline.drafters.kinds import KINDS
-
     from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
+    from pipeline.drafters.kinds import KINDS
 
     tokenizer = tiny_tokenizer()
     verifier = tiny_qwen3(len(tokenizer), hidden_size=128, num_layers=4, eos_token_id=tokenizer.eos_token_id,
