@@ -15,6 +15,10 @@ SERVER_PROBE_TIMEOUT_S = 5.0
 SQLITE_HEADER = b"SQLite format 3\x00"
 SQLITE_BUSY_TIMEOUT_S = 5.0
 MLFLOW_TABLES = {"experiments", "runs", "alembic_version"}
+# A checkpoint's content identity (pipeline.lineage.model_identity) on the MLflow run that trained it and on
+# the registry version that holds it: the drafter artifact names no run id, so its bytes stay reproducible
+TAG_MODEL_IDENTITY = "draftline.model_identity"
+TAG_STAGE = "draftline.stage"
 
 
 def tracking_uri(tracking: TrackingConfig, base: Path | str = ".") -> str:

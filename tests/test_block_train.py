@@ -70,7 +70,7 @@ def test_train_block_stage_lowers_loss(tmp_path):
     assert (tmp_path / "plots" / "train_block_tau.png").stat().st_size > 0
     assert info["val_loss"] < info["untrained_val_loss"], info
     assert len(info["top1_agreement"]) == BLOCK - 1 and len(info["untrained_top1_agreement"]) == BLOCK - 1
-    assert info["simulated_acceptance_length"] >= 0 and info["mlflow_run_id"]
+    assert info["simulated_acceptance_length"] >= 0
     assert info["lineage"]["verifier_id"].startswith("tiny-test-")
 
     drafter_dir = tmp_path / "artifacts" / "drafters" / "block"

@@ -88,15 +88,14 @@ class Workspace:
             "dflash_config": {"mask_token_id": 3, "target_layer_ids": [1, 2]}}))
         save_file({"fc.weight": torch.zeros(16, 32), "norm.weight": torch.ones(16)}, drafter / "model.safetensors")
 
-    def write_training(self, kind: str, run_id: str | None, verifier_hash: str | None = None) -> None:
+    def write_training(self, kind: str, verifier_hash: str | None = None) -> None:
         path = self.root / f"artifacts/drafters/{kind}/training.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
             "kind": kind, "steps": 10, "tokens": 1000, "train_loss": 2.0, "val_loss": 2.1,
             "top1_agreement": [0.5], "simulated_acceptance_length": 1.5, "untrained_top1_agreement": [0.1],
             "lineage": {"verifier_id": self.verifier_id, "verifier_hash": verifier_hash or self.verifier_hash,
-                        "corpus_hash": "corpus-1", "params_hash": "params-1", "git_commit": "abc123"},
-            "mlflow_run_id": run_id}))
+                        "corpus_hash": "corpus-1", "params_hash": "params-1", "git_commit": "abc123"}}))
 
     def write_eval(self, drafters: dict) -> None:
         """An evaluation of the artifacts as they are now (each export made from the current drafter)."""
@@ -144,11 +143,17 @@ def history(tmp_path_factory, store, tokenizer_dir):
     ws = make_workspace(tmp_path_factory, store, tokenizer_dir, "tiny/verifier")
     registry = Registry(store)
     experiment_id = registry.experiment_id(EXPERIMENT)
-    train_run = registry.client.create_run(experiment_id, tags={"draftline.stage": "train", "draftline.kind": "ar"},
-                                           run_name="train-ar")
-    ws.write_training("ar", train_run.info.run_id)
-    ws.write_training("block", "run-from-another-store")
+    ws.write_training("ar")
+    ws.write_training("block")
     ws.write_block_checkpoint()
+    # training tags its run with the checkpoint's identity; the block drafter's run is in no store here
+    ar_identity = model_identity(ws.root / "artifacts/drafters/ar")
+    train_run = registry.client.create_run(experiment_id, run_name="train-ar", tags={
+        "draftline.stage": "train", "draftline.kind": "ar", "draftline.model_identity": ar_identity})
+    registry.client.set_terminated(train_run.info.run_id)
+    killed = registry.client.create_run(experiment_id, tags={  # a later run of the same weights that died
+        "draftline.stage": "train", "draftline.kind": "ar", "draftline.model_identity": ar_identity})
+    registry.client.set_terminated(killed.info.run_id, status="KILLED")
     steps = [("good", 2.0), ("better", 2.5), ("worse", 1.6), ("nan", math.nan)]
     out = {"ws": ws, "registry": registry, "train_run": train_run.info.run_id, "models": {}}
     with pytest.MonkeyPatch.context() as patch:
@@ -238,7 +243,7 @@ def test_changed_gate_regates_the_same_version(tmp_path_factory, store, tokenize
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(ws.root)
         ws.write_ar_checkpoint(seed=3)
-        ws.write_training("ar", None)
+        ws.write_training("ar")
         ws.write_eval({"ar": drafter_eval(1.5, 1.5)})
         assert ws.promote()["drafters"]["ar"]["promoted"]
         params = yaml.safe_load(ws.params.read_text())
@@ -274,7 +279,7 @@ def test_forced_promotion_via_cli_records_reason(tmp_path_factory, store, tokeni
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(ws.root)
         ws.write_ar_checkpoint(seed=7)
-        ws.write_training("ar", None)
+        ws.write_training("ar")
         ws.write_eval({"ar": drafter_eval(1.0, 1.0)})  # below the floors
         assert not ws.promote()["drafters"]["ar"]["promoted"]
         params = ["--params", str(ws.params)]
@@ -303,7 +308,7 @@ def test_stale_or_missing_inputs_fail_cleanly(tmp_path_factory, store, tokenizer
         assert promote.main(["--params", str(ws.params)]) == 1
         assert "eval.json not found" in capsys.readouterr().err
         ws.write_ar_checkpoint(seed=0)
-        ws.write_training("ar", None, verifier_hash="some-other-verifier")
+        ws.write_training("ar", verifier_hash="some-other-verifier")
         ws.write_eval({"ar": drafter_eval(2.0, 2.0)})
         assert promote.main(["--params", str(ws.params)]) == 1
         assert "trained against verifier some-other-verifier" in capsys.readouterr().err
@@ -315,7 +320,7 @@ def _ready_workspace(root: Path, store: str, verifier_id: str, tokenizer_dir: Pa
     """A workspace with an AR checkpoint, its training record and an evaluation, ready to promote."""
     ws = Workspace(root, store, verifier_id, tokenizer_dir)
     ws.write_ar_checkpoint(seed=seed)
-    ws.write_training("ar", None)
+    ws.write_training("ar")
     ws.write_eval({"ar": drafter_eval(tau, tau)})
     return ws
 
@@ -448,7 +453,7 @@ def test_metrics_of_other_artifacts_are_refused(tmp_path, tokenizer_dir, capsys)
     """A drafter retrained after evaluate, an export of another drafter, a changed verifier: refused."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     ws = _ready_workspace(tmp_path, store, "bound", tokenizer_dir)
-    ws.write_training("ar", None, verifier_hash=ws.verifier_hash)  # retrained: training.json rewritten
+    ws.write_training("ar", verifier_hash=ws.verifier_hash)  # retrained: training.json rewritten
     (ws.root / "artifacts/drafters/ar/model.safetensors").write_bytes(b"retrained")
     ar = _promoted(ws)
     assert ar["decision"] == "refused" and "drafter_identity" in ar["reasons"][0] and "rerun" in ar["reasons"][0]

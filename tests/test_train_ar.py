@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from data_prep.verifier import write_record
 from pipeline.config.schema import parse_all
 from pipeline.errors import DraftlineError
+from pipeline.lineage import model_identity
 from tests.tiny_models import save_tiny_verifier, tiny_qwen3, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,14 +105,18 @@ def test_train_ar_auto_in_process(tmp_path):
     assert len(info["top1_agreement"]) == params.train.ar.draft_tokens
     metrics = json.loads((tmp_path / "metrics" / "train_ar.json").read_text())
     assert metrics["steps"] == 30
-    assert info["mlflow_run_id"]
-    AutoModelForCausalLM.from_pretrained(tmp_path / "artifacts" / "drafters" / "ar")
-    # the environment that trained it: in training.json and on the MLflow run
+    drafter_dir = tmp_path / "artifacts" / "drafters" / "ar"
+    AutoModelForCausalLM.from_pretrained(drafter_dir)
+    # the environment that trained it: in training.json and on the MLflow run, which the checkpoint's
+    # identity finds (training.json names no run id: its bytes depend on the training alone)
     assert info["lineage"]["library_versions"]["torch"] == torch.__version__
-    from mlflow import MlflowClient
+    assert "mlflow_run_id" not in json.loads((drafter_dir / "training.json").read_text())
+    from pipeline.promote.model_registry import Registry
 
-    run_tags = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(info["mlflow_run_id"]).data.tags
-    assert run_tags["library.torch"] == torch.__version__ and run_tags["library.lightning"]
+    registry = Registry(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = registry.find_training_run(registry.experiment_id(params.tracking.experiment), model_identity(drafter_dir))
+    assert run is not None and run.data.tags["draftline.kind"] == "ar"
+    assert run.data.tags["library.torch"] == torch.__version__ and run.data.tags["library.lightning"]
 
 
 def test_pretrained_init_with_other_vocabulary_is_refused(tmp_path):

@@ -148,13 +148,14 @@ def distill(params: TrainParams, make_recipe: RecipeFactory) -> dict | None:
             final.to("cpu").save_pretrained(directory)
             tokenizer.save_pretrained(directory)
 
-        saved = save_drafter_atomic(paths.drafter(kind), write_model, training_info, logger)
-        metrics = {key: saved[key] for key in ("steps", "tokens", "train_loss", "val_loss", "untrained_val_loss")}
+        save_drafter_atomic(paths.drafter(kind), write_model, training_info, logger)
+        metrics = {key: training_info[key] for key in ("steps", "tokens", "train_loss", "val_loss", "untrained_val_loss")}
         metrics.update(scalars, **untrained_scalars, wall_time_s=round(time.perf_counter() - started, 1))
         write_json_atomic(paths.metrics / f"train_{kind}.json", metrics)
         print_summary(f"train_{kind}", {
             **metrics, "drafter": str(paths.drafter(kind)),
-            "top1 per position": ", ".join(f"{r:.3f}" for r in saved[recipe.per_position_key]),
-            "untrained top1 per position": ", ".join(f"{r:.3f}" for r in saved[f"untrained_{recipe.per_position_key}"]),
+            "top1 per position": ", ".join(f"{r:.3f}" for r in training_info[recipe.per_position_key]),
+            "untrained top1 per position": ", ".join(
+                f"{r:.3f}" for r in training_info[f"untrained_{recipe.per_position_key}"]),
         })
-        return saved
+        return training_info

@@ -30,9 +30,9 @@ from pipeline.config.base import DrafterName
 from pipeline.config.trainer_config import TrainerConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import refused_global
-from pipeline.lineage import read_json, version_tags
+from pipeline.lineage import model_identity, read_json, version_tags
 from pipeline.progress import info
-from pipeline.tracking import sqlite_artifact_root, tracking_uri
+from pipeline.tracking import TAG_MODEL_IDENTITY, TAG_STAGE, sqlite_artifact_root, tracking_uri
 from train.strategies import CHECKPOINT_GLOBAL_NAMES, make_strategy, uses_gpu
 from train.train_params import TrainParams
 
@@ -282,7 +282,7 @@ def make_mlflow_logger(params: TrainParams, kind: DrafterName, checkpoint_dir: P
         tracking_uri=uri,
         # where promotion expects it when training creates the experiment first: next to the sqlite file
         artifact_location=sqlite_artifact_root(uri),
-        tags={"draftline.kind": kind, "draftline.stage": "train", TAG_CHECKPOINTS: checkpoints, **version_tags()},
+        tags={"draftline.kind": kind, TAG_STAGE: "train", TAG_CHECKPOINTS: checkpoints, **version_tags()},
         log_model=False,
     )
     if is_rank_zero():
@@ -331,17 +331,17 @@ def save_drafter_atomic(
     write_model: Callable[[Path], None],
     training_info: dict,
     logger: MLFlowLogger | None = None,
-) -> dict:
+) -> None:
     """Write the drafter dir atomically: `write_model(tmp)`, then `training.json`, then log it to MLflow.
 
-    `training_info` gets `mlflow_run_id`; the whole dir is logged as the run's `drafter` artifact before
-    the rename, so a failure anywhere leaves the previous drafter (or nothing) in place.
+    The run is tagged with the checkpoint's identity, which is how promotion finds it: a run id in
+    `training.json` would make two trainings of the same weights different DVC outputs. The whole dir is
+    logged as the run's `drafter` artifact before the rename, so a failure anywhere leaves the previous
+    drafter (or nothing) in place.
     """
-    info = dict(training_info)
-    info["mlflow_run_id"] = logger.run_id if logger is not None else None
     with atomic_dir(target) as tmp:
         write_model(tmp)
-        write_json_atomic(tmp / TRAINING_INFO, info)
+        write_json_atomic(tmp / TRAINING_INFO, training_info)
         if logger is not None:
+            logger.experiment.set_tag(logger.run_id, TAG_MODEL_IDENTITY, model_identity(tmp))
             logger.experiment.log_artifacts(logger.run_id, str(tmp), artifact_path="drafter")
-    return info

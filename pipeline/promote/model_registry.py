@@ -39,7 +39,7 @@ from mlflow.entities.model_registry import ModelVersion, RegisteredModel  # noqa
 from mlflow.exceptions import MlflowException  # noqa: E402
 
 from pipeline.errors import DraftlineError, redact_url  # noqa: E402
-from pipeline.tracking import check_store, sqlite_artifact_root, sqlite_path  # noqa: E402
+from pipeline.tracking import TAG_MODEL_IDENTITY, TAG_STAGE, check_store, sqlite_artifact_root, sqlite_path  # noqa: E402
 
 for _logger in ("mlflow", "alembic"):
     logging.getLogger(_logger).setLevel(logging.WARNING)
@@ -48,10 +48,8 @@ CHAMPION = "champion"
 PREVIOUS_CHAMPION = "previous_champion"
 
 TAG_KIND = "draftline.kind"
-TAG_STAGE = "draftline.stage"
 TAG_EVAL_KEY = "draftline.eval_key"
 TAG_TRAIN_RUN = "draftline.train_run_id"
-TAG_ARTIFACT = "draftline.model_identity"  # the registered checkpoint's identity: one version per checkpoint
 TAG_GATE = "gate"  # promoted | rejected | forced
 TAG_GATE_REASONS = "gate.reasons"
 TAG_GATE_DECISION = "gate.decision"  # the full decision as JSON, so a rerun can report it unchanged
@@ -164,13 +162,16 @@ class Registry:
                 f"experiment here, or run from the original location"
             )
 
-    def find_run(self, run_id: str | None) -> Run | None:
-        if not run_id:
+    def find_training_run(self, experiment_id: str, identity: str) -> Run | None:
+        """The latest finished training run that wrote the checkpoint with this identity, or None."""
+        if not identity:
             return None
-        try:
-            return self.client.get_run(run_id)
-        except MlflowException:
-            return None
+        found = self.client.search_runs(
+            [experiment_id], max_results=1, order_by=["attributes.start_time DESC"],
+            filter_string=f"tags.`{TAG_MODEL_IDENTITY}` = '{identity}' and tags.`{TAG_STAGE}` = 'train' "
+                          "and attributes.status = 'FINISHED'",
+        )
+        return found[0] if found else None
 
     def start_run(self, experiment_id: str, name: str, tags: Mapping[str, str], parent: Run | None) -> Run:
         tags = dict(tags)

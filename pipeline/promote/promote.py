@@ -48,13 +48,11 @@ from pipeline.promote.gate import GATE_TEMPERATURE, GateDecision, decide, gate_m
 from pipeline.promote.model_registry import (
     CHAMPION,
     PREVIOUS_CHAMPION,
-    TAG_ARTIFACT,
     TAG_EVAL_KEY,
     TAG_GATE,
     TAG_GATE_DECISION,
     TAG_GATE_REASONS,
     TAG_KIND,
-    TAG_STAGE,
     TAG_TRAIN_RUN,
     Registry,
     metric_tags,
@@ -64,7 +62,7 @@ from pipeline.promote.model_registry import (
     registry_lock,
     tag_key,
 )
-from pipeline.tracking import tracking_uri
+from pipeline.tracking import TAG_MODEL_IDENTITY, TAG_STAGE, tracking_uri
 from serve_eval.serving_rule import domain_failures
 
 
@@ -268,18 +266,17 @@ def _register(registry: Registry, params: PromoteParams, paths: ArtifactPaths, e
     drafter_eval = evaluation.drafters[kind]
     metrics = {**gate_metrics(drafter_eval), "max_tau": max_tau(paths, kind)}
     experiment_id = registry.experiment_id(params.tracking.experiment)
-    train_run_id = training.get("mlflow_run_id")
-    train_run = registry.find_run(train_run_id)
+    train_run = registry.find_training_run(experiment_id, drafter_eval["drafter_identity"])
 
     tags = {
         TAG_KIND: kind,
         TAG_EVAL_KEY: eval_key,
         "draftline.source": source,
         "draftline.source_path": str(checkpoint),
-        TAG_ARTIFACT: identity,
+        TAG_MODEL_IDENTITY: identity,
         "draftline.eval_sha256": evaluation.sha256,
         "draftline.backend": str(drafter_eval.get("backend", "unknown")),
-        TAG_TRAIN_RUN: str(train_run_id or "none"),
+        TAG_TRAIN_RUN: train_run.info.run_id if train_run else "none",
         "lineage.verifier_id": evaluation.verifier_id,
         "lineage.verifier_hash": evaluation.verifier_hash,
         "lineage.corpus_hash": str(lineage.get("corpus_hash") or evaluation.corpus_hash),
@@ -290,8 +287,8 @@ def _register(registry: Registry, params: PromoteParams, paths: ArtifactPaths, e
         **version_tags(),
         **served_tau_tags(paths, kind),
     }
-    if train_run_id and train_run is None:
-        tags["draftline.train_run_found"] = "false"  # trained against another tracking store
+    if train_run is None:
+        tags["draftline.train_run_found"] = "false"  # trained against another tracking store or experiment
 
     run = registry.start_run(experiment_id, f"promote-{kind}", {**tags, TAG_STAGE: "promote"}, train_run)
     run_id = run.info.run_id
@@ -362,7 +359,7 @@ def promote_drafter(registry: Registry, params: PromoteParams, paths: ArtifactPa
     not_comparable = None if registry.alias_version(name, CHAMPION) else other_verifier_champion(
         registry, params, name, kind)
 
-    existing = registry.find_version(name, eval_key) or registry.find_version(name, identity, TAG_ARTIFACT)
+    existing = registry.find_version(name, eval_key) or registry.find_version(name, identity, TAG_MODEL_IDENTITY)
     decided = existing is not None and TAG_GATE_DECISION in existing.tags
     # a forced version is a person's decision: no threshold change overrides it
     if decided and (existing.tags.get(TAG_GATE_KEY) == gate_key(params) or existing.tags.get(TAG_GATE) == "forced"):
