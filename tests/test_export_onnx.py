@@ -142,6 +142,13 @@ def test_onnx_graph_has_dynamic_axes(exported):
     assert dims["past_key.0"][0] == "batch" and dims["past_key.0"][2] == "past"
 
 
+@pytest.mark.parametrize("kind", ["ar", "block", "eagle3"])
+def test_onnx_file_names_no_checkout_path(exported, kind):
+    """Two clones exporting the same weights must write the same bytes: no source paths in the graph."""
+    checkout = str(Path(__file__).resolve().parent.parent)
+    assert checkout.encode() not in (exported / "export" / kind / "model.onnx").read_bytes()
+
+
 @pytest.mark.slow
 def test_onnx_backend_tau_equals_torch_at_t0(exported):
     from pipeline.drafters.ar.decoding import ARProposer, TorchARDrafter

@@ -141,6 +141,19 @@ def _dynamic_shapes(spec: IOSpec) -> tuple:
     return (*named, tuple(for_tensor(tensor) for tensor in spec.inputs if tensor.kv))
 
 
+STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
+
+
+def _drop_stack_traces(model: onnx.ModelProto) -> None:
+    """The dynamo exporter records each node's Python stack trace, absolute source paths included, so the
+    same weights exported from two checkouts would be different files; serving never reads it."""
+    nodes = [*model.graph.node, *(node for function in model.functions for node in function.node)]
+    for node in nodes:
+        kept = [prop for prop in node.metadata_props if prop.key != STACK_TRACE_KEY]
+        del node.metadata_props[:]
+        node.metadata_props.extend(kept)
+
+
 def export_onnx(wrapper: nn.Module, spec: IOSpec, example: dict, out_dir: Path,
                 opset: int, exporter: Exporter = "dynamo") -> Path:
     """Export `wrapper` to `out_dir/model.onnx` (+ `model.onnx.data`), then run `onnx.checker`."""
@@ -166,6 +179,7 @@ def export_onnx(wrapper: nn.Module, spec: IOSpec, example: dict, out_dir: Path,
                 raise DraftlineError(f"ONNX export ({exporter}) failed: {first}; "
                                      f"try export.exporter: {other} in params.yaml") from None
         model = onnx.load(str(raw))
+        _drop_stack_traces(model)
         path = out_dir / ONNX_NAME
         (out_dir / EXTERNAL_DATA_NAME).unlink(missing_ok=True)
         # weights go to one external file (same layout for tiny and >2 GB models); small
