@@ -33,6 +33,9 @@ def _start_training(params_path: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "train.dispatch", "--drafter", "ar", "--params", str(params_path)],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # A shell's background job (`make test &`, nohup) ignores SIGINT, the child inherits that and Python then
+        # installs no KeyboardInterrupt handler: give the child the disposition a terminal's Ctrl-C meets.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
