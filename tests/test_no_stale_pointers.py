@@ -21,6 +21,7 @@ External paths (vLLM's `v1/worker/...`), artifacts (`artifacts/`, `metrics/`) an
 from __future__ import annotations
 
 import functools
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -169,7 +170,7 @@ def find_stale(name: str, text: str, tree: Tree) -> list[str]:
                     if anchor not in anchors_in(text):
                         found.append(f"links to #{anchor}, an anchor this page does not define")
                     continue
-                page = str(Path(name).parent / page).removeprefix("./")
+                page = os.path.normpath(Path(name).parent / page)  # relative to the page, `..` resolved
                 if not tree.exists(page):
                     found.append(f"links to {target}, which the repository does not hold")
                 elif anchor and page in tree.files and page.endswith(".md") and anchor not in tree.anchors(page):
