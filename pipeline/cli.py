@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from pipeline.config.base import DEFAULT_PARAMS_PATH
+from pipeline.config.base import DEFAULT_PARAMS_PATH, DRAFTER_NAMES
 from pipeline.config.loader import Schema, load_params
 from pipeline.errors import DraftlineError
 
@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "params": ("pipeline.params_cmd", "validate params.yaml (`params check`), or print every effective value (`params show`)"),
     "bootstrap_verifier": ("data_prep.bootstrap_verifier", "train the offline demo verifier, or record an external one"),
     "build_corpus": ("data_prep.build_corpus", "regenerate responses with the verifier into the corpus"),
-    "train": ("train.dispatch", "distill a drafter (`--drafter ar|block`)"),
+    "train": ("train.dispatch", f"distill a drafter (`--drafter {'|'.join(DRAFTER_NAMES)}`)"),
     "export": ("export.export", "serving checkpoints, ONNX with parity, TensorRT engines"),
     "evaluate": ("serve_eval.evaluate", "speculative decoding evaluation on the corpus test split"),
     "serve_check": ("serve_eval.serve_check", "run the exported drafters in vLLM (the serve env) against no speculation"),

@@ -13,16 +13,17 @@ import torch
 
 from pipeline.config.sampling_config import SamplingConfig
 from pipeline.config.schema import parse_all
+from pipeline.drafters.block.anchors import block_targets
 from pipeline.drafters.block.config import BlockDrafterConfig
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
+from pipeline.drafters.block.lightning import VerifierTargets, block_signals
+from pipeline.drafters.block.losses import acceptance_rate, position_weights
 from pipeline.drafters.block.model import DFlashDraftModel, verifier_parts
 from pipeline.drafters.speculative_loop import decode
 from pipeline.errors import DraftlineError, ParamsError
+from pipeline.training.prompt_response_data import collate_rows
 from tests.test_spec_loops import VOCAB, baseline, block_model
 from tests.tiny_models import tiny_qwen3
-from train.block_data import block_targets, collate_rows
-from train.block_lit import VerifierTargets, block_signals
-from train.losses import acceptance_rate, position_weights
 
 PROMPTS = [[5, 9, 2, 33, 17, 8], [3, 3, 41, 7, 7, 12, 60, 1, 4]]
 BLOCK = 4

@@ -96,7 +96,7 @@ def test_learned_mask_is_said_at_params_check(tmp_path, capsys):
 
 
 def test_collapsed_feature_layers_are_said():
-    from train.train_block import layer_line
+    from pipeline.drafters.block.training import layer_line
 
     cfg = BlockDrafterConfig(num_feature_layers=5)
     drafter = build_drafter(tiny_qwen3(320, num_layers=5), cfg, 1)

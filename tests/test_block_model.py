@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from pipeline.drafters.block.anchors import block_targets
 from pipeline.drafters.block.config import BlockDrafterConfig, BlockLossConfig
+from pipeline.drafters.block.losses import block_loss, default_gamma, position_weights
 from pipeline.drafters.block.model import DFlashDraftModel, build_target_layer_ids, drafter_config, verifier_parts
 from tests.tiny_models import tiny_qwen3
-from train.block_data import block_targets
-from train.losses import block_loss, default_gamma, position_weights
 
 CE = BlockLossConfig(ce=1.0, fkl=0.0)
 
@@ -262,7 +262,7 @@ def test_learned_mask_when_the_verifier_has_none(verifier, tmp_path):
 
 
 def test_block_positions_read_the_verifier_where_it_predicts_them(verifier):
-    from train.block_lit import at_block_positions
+    from pipeline.drafters.block.lightning import at_block_positions
 
     input_ids = torch.randint(3, VOCAB, (2, 11))
     anchors = torch.tensor([[2, 6], [0, 7]])
@@ -315,7 +315,7 @@ def test_final_norm_starts_as_the_verifiers():
 
 
 def test_greedy_chain_keeps_labels_only_behind_argmax_tokens():
-    from train.block_lit import greedy_chain
+    from pipeline.drafters.block.lightning import greedy_chain
 
     verifier_top1 = torch.tensor([[[5, 6, 7], [5, 6, 7], [5, 6, 7]]])
     corpus = torch.tensor([[[5, 6, 9], [5, 8, 7], [4, 6, 7]]])  # follows / leaves at 2 / leaves at 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.drafters.block.lightning import anchor_generator, block_signals
 from tests.test_block_verifier_cache import batches, module
-from train.block_lit import anchor_generator, block_signals
 
 
 @pytest.mark.parametrize("prompt_anchors", [False, True])

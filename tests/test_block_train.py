@@ -11,10 +11,10 @@ import yaml
 from safetensors import safe_open
 
 from pipeline.config.schema import load_all, parse_all
+from pipeline.drafters.block.anchors import sample_anchors
+from pipeline.drafters.block.lightning import anchor_generator
 from pipeline.drafters.block.model import DFlashDraftModel
 from tests.test_train_ar import make_artifacts
-from train.block_data import sample_anchors
-from train.block_lit import anchor_generator
 
 BLOCK = 4
 
@@ -56,11 +56,11 @@ def test_all_anchors_cover_every_response_position_with_a_label():
 
 @pytest.mark.slow
 def test_train_block_stage_lowers_loss(tmp_path):
-    from train.train_block import run
+    from train.dispatch import train
 
     make_artifacts(tmp_path, rows_per_split=(12, 4, 2), new_tokens=12)
     params = write_block_params(tmp_path, max_steps=30, checkpoint_every_n_steps=10, val_every_n_steps=15)
-    info = run(params)
+    info = train(params, "block")
     assert info["steps"] == 30
     # real acceptance from greedy decoding of held-out prompts, with and without the prefill forward
     assert info["decode_tau"] >= 1.0 and info["decode_tau_no_prefill"] >= 1.0

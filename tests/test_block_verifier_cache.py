@@ -9,19 +9,19 @@ from datasets import Dataset
 
 from pipeline.config.trainer_config import TrainerConfig
 from pipeline.drafters.block.config import BlockDrafterConfig
+from pipeline.drafters.block.lightning import BlockDistillModule, verifier_targets
 from pipeline.drafters.block.model import DFlashDraftModel, drafter_config
+from pipeline.training.prompt_response_data import PromptResponseBatches
 from tests.tiny_models import tiny_qwen3
-from train.block_data import BlockBatches
-from train.block_lit import BlockDistillModule, verifier_targets
 
 VOCAB = 64
 
 
-def batches() -> BlockBatches:
+def batches() -> PromptResponseBatches:
     generator = torch.Generator().manual_seed(0)
     rows = [{"prompt_ids": torch.randint(2, VOCAB, (3 + i % 3,), generator=generator).tolist(),
              "response_ids": torch.randint(2, VOCAB, (6 + i % 4,), generator=generator).tolist()} for i in range(8)]
-    return BlockBatches(Dataset.from_list(rows), max_len=32, batch_size=4, pad_id=0, seed=0)
+    return PromptResponseBatches(Dataset.from_list(rows), max_len=32, batch_size=4, pad_id=0, seed=0)
 
 
 def module(**overrides) -> tuple[BlockDistillModule, list[int]]:

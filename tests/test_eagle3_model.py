@@ -9,6 +9,7 @@ import torch
 from pipeline.config.sampling_config import SamplingConfig
 from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
 from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
+from pipeline.drafters.eagle3.lightning import to_draft_ids
 from pipeline.drafters.eagle3.model import (
     Eagle3Cache,
     build_drafter,
@@ -18,7 +19,6 @@ from pipeline.drafters.eagle3.model import (
 from pipeline.drafters.speculative_loop import decode
 from pipeline.errors import DraftlineError
 from tests.tiny_models import tiny_qwen3
-from train.eagle3_lit import to_draft_ids
 
 VOCAB = 64
 

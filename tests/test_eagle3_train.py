@@ -18,7 +18,7 @@ STEPS = 3
 
 @pytest.mark.slow
 def test_train_eagle3_stage_lowers_loss(tmp_path):
-    from train.train_eagle3 import run
+    from train.dispatch import train
 
     make_artifacts(tmp_path, rows_per_split=(12, 4, 2), new_tokens=12)
     data = {
@@ -32,7 +32,7 @@ def test_train_eagle3_stage_lowers_loss(tmp_path):
     }
     parse_all(data)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(data))
-    info = run(load_all(tmp_path / "params.yaml"))
+    info = train(load_all(tmp_path / "params.yaml"), "eagle3")
     assert info["steps"] == 30
     assert info["val_loss"] < info["untrained_val_loss"], info
     assert len(info["top1_agreement"]) == STEPS and len(info["decode_acceptance"]) == 3

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from pipeline.config.trainer_config import LossConfig, TrainerConfig
-from train import losses
-from train.agreement import AgreementCounts, simulated_acceptance_length
-from train.trainer import adamw_cosine
+from pipeline.training import distillation as losses
+from pipeline.training.agreement import AgreementCounts, simulated_acceptance_length
+from pipeline.training.module import adamw_cosine
 
 # One batch, two positions, vocabulary of 2. Position 0 is a response token; position 1 is masked.
 P = [0.8, 0.2]  # teacher at position 0

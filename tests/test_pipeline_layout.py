@@ -11,10 +11,12 @@ import pytest
 import yaml
 
 from pipeline.cli import COMMANDS
+from pipeline.drafters.registry import KIND_SPECS
+from pipeline.dvc_pipeline import PACKAGES, code_deps, entry_modules, import_closure, imported_modules
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-FLOW = ["bootstrap_verifier", "build_corpus", "train_ar", "train_block", "train_eagle3", "export", "evaluate",
+FLOW = ["bootstrap_verifier", "build_corpus", *(f"train_{name}" for name in KIND_SPECS), "export", "evaluate",
         "serve_check", "promote"]
 
 
@@ -60,46 +62,6 @@ def test_every_cli_command_has_help(command):
     assert "usage:" in result.stdout
 
 
-PACKAGES = ("pipeline", "data_prep", "train", "export", "serve_eval")
-# Files a stage runs without importing them: scripts it starts under another interpreter.
-SCRIPTS = {"serve_check": {"serve_eval/vllm_runner.py"}}
-
-
-def _module_file(name: str) -> Path | None:
-    path = REPO.joinpath(*name.split("."))
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _imported_modules(path: Path) -> set[str]:
-    """Every project module `path` imports, at the top or lazily inside a function."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from pkg import module`
-    return {name for name in names if name.split(".")[0] in PACKAGES and _module_file(name)}
-
-
-def import_closure(module: str) -> set[str]:
-    """Repo-relative source files a stage's entry module runs, including its packages' __init__."""
-    seen: set[str] = set()
-    todo = [module]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        parts = name.split(".")
-        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # parent packages run first
-        todo.extend(_imported_modules(_module_file(name)))
-    return {_module_file(name).relative_to(REPO).as_posix() for name in seen}
-
-
 def _code_deps(stage: str) -> list[str]:
     return [dep for dep in STAGES[stage].get("deps", []) if dep.split("/")[0] in PACKAGES]
 
@@ -107,7 +69,9 @@ def _code_deps(stage: str) -> list[str]:
 @pytest.mark.parametrize("stage", FLOW)
 def test_stage_deps_are_its_import_closure(stage):
     """Editing a file a stage runs must rerun it; editing one it does not run must not."""
-    closure = import_closure(shlex.split(STAGES[stage]["cmd"])[2]) | SCRIPTS.get(stage, set())
+    from pipeline.dvc_pipeline import stages
+
+    closure = set(code_deps(stages()[stage]))
     listed: set[str] = set()
     for dep in _code_deps(stage):
         path = REPO / dep
@@ -147,8 +111,8 @@ def test_only_a_kinds_own_package_branches_on_its_name():
 
 def test_training_imports_no_export_or_evaluation_code():
     """Editing ONNX, served-layout or evaluation code must not retrain a drafter (dvc deps = imports)."""
-    for stage in ("train_ar", "train_block", "train_eagle3"):
-        closure = import_closure(shlex.split(STAGES[stage]["cmd"])[2])
+    for stage in (f"train_{name}" for name in KIND_SPECS):
+        closure = import_closure(*entry_modules(STAGES[stage]["cmd"]))
         offenders = sorted(path for path in closure if path.startswith(("export/", "serve_eval/"))
                            or path.endswith(("/onnx.py", "/onnx_io.py", "/serving.py", "/interface.py")))
         assert not offenders, f"{stage} imports {offenders}"
@@ -156,7 +120,7 @@ def test_training_imports_no_export_or_evaluation_code():
 
 def test_export_and_serve_eval_do_not_import_train():
     offenders = [f"{path.relative_to(REPO)} imports {name}" for path in _source_files("export", "serve_eval")
-                 for name in _imported_modules(path) if name.split(".")[0] == "train"]
+                 for name in imported_modules(path) if name.split(".")[0] == "train"]
     assert not offenders, offenders
 
 
@@ -166,8 +130,8 @@ def test_registry_has_every_drafter_name():
 
     assert sorted(KINDS) == sorted(DRAFTER_NAMES)
     assert all(kind.name == name for name, kind in KINDS.items())
-    for kind in KINDS.values():
-        assert importlib.util.find_spec(kind.train_stage) is not None, kind.train_stage
+    for spec in KIND_SPECS.values():
+        assert callable(spec.module("training").recipe), spec.package
 
 
 def test_dvc_paths_follow_the_params_that_move_them(tmp_path):

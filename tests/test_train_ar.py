@@ -95,11 +95,11 @@ def assert_trained(root: Path, result: subprocess.CompletedProcess, steps: int) 
 
 def test_train_ar_auto_in_process(tmp_path):
     from pipeline.config.schema import load_all
-    from train.train_ar import run
+    from train.dispatch import train
 
     make_artifacts(tmp_path)
     params = load_all(write_params(tmp_path, {"max_steps": 30, "checkpoint_every_n_steps": 10}))
-    info = run(params)
+    info = train(params, "ar")
     assert info["steps"] == 30
     assert info["val_loss"] < info["untrained_val_loss"]
     assert len(info["top1_agreement"]) == params.train.ar.draft_tokens
@@ -121,7 +121,7 @@ def test_train_ar_auto_in_process(tmp_path):
 
 def test_pretrained_init_with_other_vocabulary_is_refused(tmp_path):
     from pipeline.config.schema import load_all
-    from train.train_ar import run
+    from train.dispatch import train
 
     make_artifacts(tmp_path, rows_per_split=(2, 1, 1), new_tokens=4)
     other_tokenizer = tiny_tokenizer(vocab_size=300)
@@ -131,13 +131,13 @@ def test_pretrained_init_with_other_vocabulary_is_refused(tmp_path):
     other_tokenizer.save_pretrained(other_dir)
     params = load_all(write_params(tmp_path, {"max_steps": 1}, {"init": "pretrained", "init_path": str(other_dir)}))
     with pytest.raises(DraftlineError, match="differs from the verifier"):
-        run(params)
+        train(params, "ar")
     assert not (tmp_path / "artifacts" / "drafters" / "ar").exists()
 
 
 def test_epochs_budget_follows_the_corpus():
     from pipeline.config.trainer_config import TrainerConfig
-    from train.trainer import resolve_budget
+    from pipeline.training.budget import resolve_budget
 
     assert resolve_budget(TrainerConfig(max_steps=77), 1000).max_steps == 77
     per_epoch = TrainerConfig(max_steps=77, epochs=2, batch_size=16, accumulate_grad_batches=2)

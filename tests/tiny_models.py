@@ -123,9 +123,9 @@ def save_tiny_eagle3(verifier, tokenizer, directory: Path, *, draft_tokens: int 
 
 def fit_eagle3(head, verifier, cfg, prompts: list[list[int]], steps: int, new_tokens: int = 48) -> None:
     """Adam on the real training loss over the verifier's greedy continuations of `prompts`."""
-    from train.block_data import collate_rows
-    from train.eagle3_lit import ttt_signals, verifier_targets
-    from train.frozen import FrozenVerifier
+    from pipeline.drafters.eagle3.lightning import ttt_signals, verifier_targets
+    from pipeline.training.frozen import FrozenVerifier
+    from pipeline.training.prompt_response_data import collate_rows
 
     rows = []
     with torch.no_grad():

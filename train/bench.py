@@ -22,12 +22,12 @@ from lightning.pytorch import Callback
 from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier
 from pipeline.cli import run_stage, stage_parser
+from pipeline.drafters.ar.lightning import ARDistillModule
 from pipeline.drafters.ar.model import build_drafter
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import print_summary
-from train.ar_lit import ARDistillModule
-from train.corpus_data import ARDataModule
-from train.train_params import TrainParams
+from pipeline.training.corpus_data import NextTokenDataModule
+from pipeline.training.params import TrainParams
 from train.trainer import build_trainer
 
 STRATEGIES = ("auto", "deepspeed_stage_2")
@@ -67,7 +67,7 @@ def measure(params: TrainParams, strategy: str, steps: int, warmup: int) -> floa
     verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code,
                                        params.verifier.allow_pickle_weights)
     drafter = build_drafter(verifier, cfg, tokenizer, seed=params.project.seed)
-    data = ARDataModule(load_corpus(paths), pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len,
+    data = NextTokenDataModule(load_corpus(paths), pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len,
                         batch_size=tcfg.batch_size, seed=params.project.seed)
     meter = ThroughputMeter(warmup)
     with tempfile.TemporaryDirectory(prefix="draftline-bench-") as scratch:

@@ -23,15 +23,15 @@ from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier
 from pipeline.atomic import write_json_atomic
 from pipeline.drafters.block.config import BlockDrafterConfig
+from pipeline.drafters.block.lightning import BlockDistillModule, evaluate_blocks
 from pipeline.drafters.block.mask import resolve_mask
 from pipeline.drafters.block.model import build_drafter, build_target_layer_ids, verifier_parts
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
-from train.block_data import BlockDataModule
-from train.block_lit import BlockDistillModule, evaluate_blocks
-from train.frozen import FrozenVerifier
-from train.train_params import TrainParams
+from pipeline.training.frozen import FrozenVerifier
+from pipeline.training.params import TrainParams
+from pipeline.training.prompt_response_data import PromptResponseDataModule
 from train.trainer import build_trainer
 
 
@@ -108,7 +108,7 @@ def train_variant(params: TrainParams, cfg: BlockDrafterConfig, corpus: DatasetD
     if not variant.norm_from_verifier:
         with torch.no_grad():
             drafter.norm.weight.fill_(1.0)
-    data = BlockDataModule(select_rows(corpus, variant.rows), pad_id=tokenizer.pad_token_id,
+    data = PromptResponseDataModule(select_rows(corpus, variant.rows), pad_id=tokenizer.pad_token_id,
                            max_len=tcfg.max_seq_len, batch_size=tcfg.batch_size, seed=seed)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="draftline-block-bench-") as scratch:

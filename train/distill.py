@@ -1,35 +1,30 @@
 """The training flow every drafter kind shares: load, measure untrained, fit (resuming), gather, save.
 
-Each kind supplies a `DrafterRecipe` (its model, data, Lightning module and agreement evaluation);
-this module owns the rest so the kinds' training stages cannot drift apart. Every process of a
-multi-process launch runs it; only rank 0 evaluates and writes outputs.
+Each kind's `training.recipe` supplies a `DrafterRecipe` (its model, data, Lightning module and agreement
+evaluation: pipeline/training/recipe.py); this module owns the rest so the kinds' training stages cannot
+drift apart. Every process of a multi-process launch runs it; only rank 0 evaluates and writes outputs.
 """
 
 from __future__ import annotations
 
 import pickle
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-import lightning as L
 import torch
-from datasets import DatasetDict
 from pydantic import BaseModel
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from data_prep.corpus import corpus_hash, load_corpus
 from data_prep.verifier import load_verifier, verifier_identity
 from pipeline.atomic import write_json_atomic
-from pipeline.config.trainer_config import TrainerConfig
 from pipeline.integrity import refused_global
 from pipeline.lineage import git_commit, library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 from pipeline.tracking import check_store, tracking_uri
-from train.frozen import FrozenVerifier
-from train.train_params import TrainParams
+from pipeline.training.frozen import FrozenVerifier
+from pipeline.training.params import TrainParams
+from pipeline.training.recipe import RecipeFactory
 from train.trainer import (
     build_trainer,
     flatten,
@@ -41,24 +36,6 @@ from train.trainer import (
     single_writer,
     untrusted_checkpoint,
 )
-
-
-@dataclass
-class DrafterRecipe:
-    kind: str
-    config: BaseModel  # params.train.<kind>
-    trainer_config: TrainerConfig
-    drafter: PreTrainedModel
-    data: L.LightningDataModule  # exposes `val_set` (held-out rows)
-    make_module: Callable[[], L.LightningModule]
-    # agreement with the verifier on held-out rows: {"loss", <agreement_keys>...}
-    evaluate: Callable[[PreTrainedModel, FrozenVerifier], dict]
-    agreement_keys: tuple[str, ...]  # recorded trained and untrained in training.json
-    per_position_key: str  # the per-position list shown in the summary
-    extra_info: dict = field(default_factory=dict)
-
-
-RecipeFactory = Callable[[TrainParams, PreTrainedModel, PreTrainedTokenizerBase, DatasetDict], DrafterRecipe]
 
 
 def _scalars(results: dict, keys: tuple[str, ...]) -> dict:
@@ -158,4 +135,6 @@ def distill(params: TrainParams, make_recipe: RecipeFactory) -> dict | None:
             "untrained top1 per position": ", ".join(
                 f"{r:.3f}" for r in training_info[f"untrained_{recipe.per_position_key}"]),
         })
+        if recipe.after_save is not None:
+            recipe.after_save(paths)
         return training_info

@@ -1,40 +1,36 @@
-"""Training machinery every drafter kind shares: Trainer construction (strategy, precision, step budget),
-checkpoints and resume, the MLflow logger, AdamW + cosine warm-up (`DrafterModule`), gathering the full
-state dict under ZeRO-3, and the atomic HF save with `training.json`.
+"""The training stage's machinery: Trainer construction (strategy, precision), checkpoints and resume, the
+MLflow logger, gathering the full state dict under ZeRO-3, and the atomic HF save with `training.json`.
 
-Everything here is drafter-agnostic: each kind's Lightning module (`train/ar_lit.py`, `train/block_lit.py`,
-`train/eagle3_lit.py`) plugs into it through `train/distill.py`. The acceptance proxy is `train/agreement.py`.
+Everything here is drafter-agnostic: each kind's Lightning module (`pipeline/drafters/<kind>/lightning.py`,
+on `pipeline/training/module.py`) plugs into it through its recipe and `train/distill.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import pickle
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from filelock import FileLock, Timeout
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
-from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from pipeline.atomic import atomic_dir, write_json_atomic
-from pipeline.config.base import DrafterName
 from pipeline.config.trainer_config import TrainerConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import refused_global
 from pipeline.lineage import model_identity, read_json, version_tags
 from pipeline.progress import info
 from pipeline.tracking import TAG_MODEL_IDENTITY, TAG_STAGE, sqlite_artifact_root, tracking_uri
+from pipeline.training.params import TrainParams
 from train.strategies import CHECKPOINT_GLOBAL_NAMES, make_strategy, uses_gpu
-from train.train_params import TrainParams
 
 TRAINING_INFO = "training.json"
 LAST_CHECKPOINT = "last.ckpt"
@@ -213,65 +209,13 @@ def single_writer(checkpoint_dir: Path) -> Iterator[None]:
         lock.release()
 
 
-# --------------------------------------------------------------------------- optimizer
-
-
-def resolve_budget(cfg: TrainerConfig, train_rows: int) -> TrainerConfig:
-    """`cfg` with `max_steps` from `epochs` when those are set: optimizer steps per pass over `train_rows`
-    rows, split over every device (each rank sees its shard), grouped by gradient accumulation."""
-    if cfg.epochs is None:
-        return cfg
-    world = (cfg.devices if isinstance(cfg.devices, int) else max(1, torch.cuda.device_count())) * cfg.num_nodes
-    batches = math.ceil(train_rows / (cfg.batch_size * world))
-    steps = max(1, math.ceil(cfg.epochs * batches / cfg.accumulate_grad_batches))
-    info(f"training budget: {cfg.epochs:g} epochs of {train_rows} rows = {steps} optimizer steps")
-    return cfg.model_copy(update={"max_steps": steps})
-
-
-def adamw_cosine(parameters: Iterable[nn.Parameter], cfg: TrainerConfig) -> dict:
-    """`configure_optimizers` return value: AdamW (no decay on norms/biases) + per-step cosine warmup."""
-    decay, no_decay = [], []
-    for parameter in parameters:
-        if parameter.requires_grad:
-            (decay if parameter.ndim >= 2 else no_decay).append(parameter)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.learning_rate,
-        betas=(0.9, 0.95),
-    )
-    # linear warmup, then cosine to 10% of the peak at max_steps
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps,
-                                                            min_lr_rate=0.1)
-    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
 # --------------------------------------------------------------------------- MLflow
-
-
-class DrafterModule(LightningModule):
-    """What every drafter's LightningModule shares: AdamW + cosine, and the token count kept in checkpoints.
-
-    Subclasses set `self.drafter`, `self.trainer_cfg` and count `self.tokens_seen` in training_step.
-    """
-
-    drafter: nn.Module
-    trainer_cfg: TrainerConfig
-    tokens_seen: int = 0
-
-    def configure_optimizers(self) -> dict:
-        return adamw_cosine(self.drafter.parameters(), self.trainer_cfg)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["draftline_tokens_seen"] = self.tokens_seen
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.tokens_seen = int(checkpoint.get("draftline_tokens_seen", 0))
 
 
 TAG_CHECKPOINTS = "draftline.checkpoint_dir"
 
 
-def make_mlflow_logger(params: TrainParams, kind: DrafterName, checkpoint_dir: Path) -> MLFlowLogger:
+def make_mlflow_logger(params: TrainParams, kind: str, checkpoint_dir: Path) -> MLFlowLogger:
     """The run is tagged with its checkpoint dir: runs left RUNNING there by a killed process are
     marked KILLED when training starts again (the dir is single-writer, so none can still be alive)."""
     checkpoints = str(Path(checkpoint_dir).resolve())

@@ -1,16 +1,17 @@
-"""What every section module shares: the strict section base, kind and domain names, and the registry of
-checks that span two sections."""
+"""Names every section module shares: drafter kinds, sections, domains (the section base: section.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Callable, Literal, get_args
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import StringConstraints
 
-# Drafter kinds by name; each has its package under pipeline/drafters/ (kinds.py maps name -> kind).
-DrafterName = Literal["ar", "block", "eagle3"]
-DRAFTER_NAMES: tuple[str, ...] = get_args(DrafterName)
+from pipeline.drafters.registry import KIND_SPECS
+
+# Drafter kinds by name, as the registry lists them; each has its package under pipeline/drafters/.
+DRAFTER_NAMES: tuple[str, ...] = tuple(KIND_SPECS)
+DrafterName = Literal[DRAFTER_NAMES]  # type: ignore[valid-type]  # built from the registry at import
 
 DEFAULT_PARAMS_PATH = Path("params.yaml")
 
@@ -22,29 +23,3 @@ DOMAIN_PATTERN = r"^[A-Za-z0-9_-]+$"
 DomainName = Annotated[str, StringConstraints(pattern=DOMAIN_PATTERN)]
 # The built-in sources' domain when they name none.
 STDLIB_DOMAINS = {"stdlib_code": "code", "stdlib_text": "text"}
-
-
-class Section(BaseModel):
-    # inf/nan would silently disable a threshold (`atol: .inf`, `min_speedup: .inf`).
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-
-def unique(value: list, what: str = "entries") -> list:
-    """`[ar, ar]` would run (and register) the same drafter twice."""
-    duplicates = sorted({str(item) for item in value if value.count(item) > 1})
-    if duplicates:
-        raise ValueError(f"duplicate {what} {duplicates}")
-    return value
-
-
-# (sections it reads, check): run by every StageParams that holds all of those sections. A check lives
-# in the module of the section it guards and registers itself on import.
-CrossCheck = Callable[[BaseModel], None]
-CROSS_CHECKS: list[tuple[tuple[str, ...], CrossCheck]] = []
-
-
-def cross_check(*sections: str) -> Callable[[CrossCheck], CrossCheck]:
-    def register(check: CrossCheck) -> CrossCheck:
-        CROSS_CHECKS.append((sections, check))
-        return check
-    return register

@@ -6,8 +6,9 @@ from typing import Literal, Optional, Union
 
 from pydantic import Field, StrictBool, field_validator, model_validator
 
-from pipeline.config.base import STDLIB_DOMAINS, DomainName, Section
+from pipeline.config.base import STDLIB_DOMAINS, DomainName
 from pipeline.config.sampling_config import SamplingConfig
+from pipeline.config.section import Section
 from pipeline.errors import redact_url
 
 

@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from pipeline.config.base import DRAFTER_NAMES, DrafterName, Section, unique
+from pipeline.config.base import DRAFTER_NAMES, DrafterName
+from pipeline.config.section import Section, unique
 
 
 class ProfileConfig(Section):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import Field, StrictBool, model_validator
 
-from pipeline.config.base import Section
+from pipeline.config.section import Section
 
 
 class ProjectConfig(Section):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field, StrictBool
 
-from pipeline.config.base import DomainName, Section, cross_check
+from pipeline.config.base import DomainName
+from pipeline.config.section import Section, cross_check
 
 
 class DomainGate(Section):

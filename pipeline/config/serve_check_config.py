@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, StrictBool
 
-from pipeline.config.base import Section
+from pipeline.config.section import Section
 
 
 class ServeCheckConfig(Section):

@@ -7,8 +7,8 @@ import json
 
 from pydantic import model_validator
 
-from pipeline.config.base import CROSS_CHECKS, Section
 from pipeline.config.project_config import ProjectConfig
+from pipeline.config.section import CROSS_CHECKS, Section
 
 
 class StageParams(Section):

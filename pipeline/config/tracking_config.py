@@ -6,7 +6,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from pipeline.config.base import Section
+from pipeline.config.section import Section
 
 
 class TrackingConfig(Section):

@@ -1,14 +1,13 @@
-"""`train`: one subsection per drafter kind, each defined in its kind's package."""
+"""`train`: one subsection per drafter kind, each defined in its kind's package (pipeline/drafters/registry.py)."""
 
 from __future__ import annotations
 
-from pipeline.config.base import Section
-from pipeline.drafters.ar.config import ARDrafterConfig
-from pipeline.drafters.block.config import BlockDrafterConfig
-from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
+from pydantic import create_model
 
+from pipeline.config.section import Section
+from pipeline.drafters.registry import KIND_SPECS
 
-class TrainConfig(Section):
-    ar: ARDrafterConfig = ARDrafterConfig()
-    block: BlockDrafterConfig = BlockDrafterConfig()
-    eagle3: Eagle3DrafterConfig = Eagle3DrafterConfig()
+# Built from the registry, so a new kind's `train.<kind>` section needs no edit here.
+TrainConfig = create_model(
+    "TrainConfig", __base__=Section, **{name: (spec.config, spec.config()) for name, spec in KIND_SPECS.items()}
+)

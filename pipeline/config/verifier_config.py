@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, StrictBool, model_validator
 
-from pipeline.config.base import Section
+from pipeline.config.section import Section
 
 
 class BootstrapConfig(Section):

@@ -54,11 +54,10 @@ class LoadedDrafter:
 
 
 class DrafterKind(Protocol):
-    """One drafter kind: what each stage calls (`pipeline/drafters/<kind>/kind.py` implements it). A new
-    kind is its package, a registry line, its `train.<kind>` params section and its `train_<kind>` stage."""
+    """One drafter kind: what each stage calls (`pipeline/drafters/<kind>/kind.py` implements it as `KIND`).
+    A new kind is its package and its entry in pipeline/drafters/registry.py."""
 
-    name: str  # "ar", "block", "eagle3": artifacts/drafters/<name>, stage train_<name>, params train.<name>
-    train_stage: str  # the training stage's module (`draftline train --drafter <name>`)
+    name: str  # its package's name: artifacts/drafters/<name>, stage train_<name>, params train.<name>
 
     def serving_layout(self, serving_dir: Path) -> dict:
         """Turn the copied checkpoint into what serving stacks load, check it; returns the served config."""

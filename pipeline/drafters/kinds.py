@@ -1,11 +1,10 @@
-"""Every drafter kind by name. A new kind: its package under pipeline/drafters/ and one line here
-(and its name in `pipeline.config.base.DrafterName`)."""
+"""Every drafter kind's behaviour by name (`pipeline.drafters.interface.DrafterKind`), for the stages that
+export, load and serve drafters. Built from the registry's list (pipeline/drafters/registry.py): importing
+this loads every kind's `kind` module (dvc.yaml's generator counts them in such a stage's code)."""
 
 from __future__ import annotations
 
-from pipeline.drafters.ar.kind import AR
-from pipeline.drafters.block.kind import BLOCK
-from pipeline.drafters.eagle3.kind import EAGLE3
 from pipeline.drafters.interface import DrafterKind
+from pipeline.drafters.registry import KIND_SPECS
 
-KINDS: dict[str, DrafterKind] = {kind.name: kind for kind in (AR, BLOCK, EAGLE3)}
+KINDS: dict[str, DrafterKind] = {name: spec.module("kind").KIND for name, spec in KIND_SPECS.items()}

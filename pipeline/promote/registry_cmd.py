@@ -2,8 +2,8 @@
 
 `promote MODEL VERSION` runs the gate (current params) against the current champion; with
 `--force --reason TEXT` it skips the gate and records who forced it, when and why as version tags.
-MODEL is a registered model name or a drafter kind (`ar`/`block`, resolved with the verifier in
-`metrics/eval.json`).
+MODEL is a registered model name or a drafter kind (any of pipeline/drafters/registry.py, resolved with the
+verifier in `metrics/eval.json`).
 """
 
 from __future__ import annotations
@@ -157,10 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("list", parents=[common], help="registered drafters with their champion / previous_champion")
     show = actions.add_parser("show", parents=[common], help="versions of one model, or every tag of one version")
-    show.add_argument("model", help="registered model name, or a drafter kind (ar|block)")
+    show.add_argument("model", help=f"registered model name, or a drafter kind ({'|'.join(DRAFTER_NAMES)})")
     show.add_argument("version", nargs="?", help="version number (default: all versions)")
     promote = actions.add_parser("promote", parents=[common], help="run the gate on a version, or --force it to champion")
-    promote.add_argument("model", help="registered model name, or a drafter kind (ar|block)")
+    promote.add_argument("model", help=f"registered model name, or a drafter kind ({'|'.join(DRAFTER_NAMES)})")
     promote.add_argument("version", help="version number")
     promote.add_argument("--force", action="store_true", help="skip the gate (needs --reason)")
     promote.add_argument("--reason", help="why the gate is overridden (recorded as a version tag)")

@@ -19,7 +19,6 @@ from pipeline.drafters.onnx_io import IOSpec
 
 class ARKind:
     name = "ar"
-    train_stage = "train.train_ar"
 
     def serving_layout(self, serving_dir: Path) -> dict:
         return serving.serving_layout(serving_dir)
@@ -40,4 +39,4 @@ class ARKind:
         return LoadedDrafter(ARProposer(backend, serving.draft_tokens(drafter_dir)), backend.name, model)
 
 
-AR: DrafterKind = ARKind()
+KIND: DrafterKind = ARKind()

@@ -6,7 +6,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import Field, PositiveInt, StrictBool, model_validator
 
-from pipeline.config.base import Section, cross_check
+from pipeline.config.section import Section, cross_check
 from pipeline.config.trainer_config import TrainerConfig
 
 

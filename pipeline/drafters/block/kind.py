@@ -26,7 +26,6 @@ from pipeline.drafters.onnx_io import IOSpec
 
 class BlockKind:
     name = "block"
-    train_stage = "train.train_block"
 
     def serving_layout(self, serving_dir: Path) -> dict:
         return serving.serving_layout(serving_dir)
@@ -50,4 +49,4 @@ class BlockKind:
         return LoadedDrafter(BlockProposer(drafter, config.confidence_threshold), config.backend, None)
 
 
-BLOCK: DrafterKind = BlockKind()
+KIND: DrafterKind = BlockKind()

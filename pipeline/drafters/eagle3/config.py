@@ -6,7 +6,7 @@ from typing import Optional
 
 from pydantic import Field, StrictBool, field_validator, model_validator
 
-from pipeline.config.base import Section, unique
+from pipeline.config.section import Section, unique
 from pipeline.config.trainer_config import TrainerConfig
 
 

@@ -21,7 +21,6 @@ from pipeline.drafters.served_checks import trained_draft_tokens
 
 class Eagle3Kind:
     name = "eagle3"
-    train_stage = "train.train_eagle3"
 
     def serving_layout(self, serving_dir: Path) -> dict:
         return serving.serving_layout(serving_dir)
@@ -44,4 +43,4 @@ class Eagle3Kind:
         return LoadedDrafter(Eagle3Proposer(head, trained_draft_tokens(drafter_dir, "eagle3")), head.name, None)
 
 
-EAGLE3: DrafterKind = Eagle3Kind()
+KIND: DrafterKind = Eagle3Kind()

@@ -1,6 +1,7 @@
-"""Stage `train_block`: train the DFlash-style block drafter against the verifier on the corpus.
+"""How the block drafter trains (stage `train_block`): its recipe for the training stage (train/distill.py)
+and its τ-vs-steps plot.
 
-Writes `artifacts/drafters/block/` (DFlash layout: config.json + safetensors with `layers.*`, `fc`,
+The stage writes `artifacts/drafters/block/` (DFlash layout: config.json + safetensors with `layers.*`, `fc`,
 `hidden_norm`, `norm`, plus `markov_head.*` / `confidence_head.*` for the DSpark variant,
 `train.block.markov_rank` > 0; tokenizer files; training.json), `metrics/train_block.json` and the τ-vs-steps
 plot `plots/train_block_tau.{png,csv}`; Lightning checkpoints live in `artifacts/checkpoints/block/`
@@ -9,28 +10,25 @@ so a killed run resumes where it stopped.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
-from typing import Sequence
 
 from pipeline.atomic import save_figure_atomic, write_text_atomic
-from pipeline.cli import run_stage, stage_parser
 from pipeline.drafters.block.config import LEARNED_MASK_WARNING, BlockDrafterConfig
+from pipeline.drafters.block.lightning import BlockDistillModule, evaluate_blocks
 from pipeline.drafters.block.mask import resolve_mask
 from pipeline.drafters.block.model import DFlashConfig, build_drafter
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, warn
-from train.block_data import BlockDataModule
-from train.block_lit import BlockDistillModule, evaluate_blocks
-from train.distill import DrafterRecipe, distill
-from train.train_params import TrainParams
-from train.trainer import resolve_budget
+from pipeline.training.budget import resolve_budget
+from pipeline.training.params import TrainParams
+from pipeline.training.prompt_response_data import PromptResponseDataModule
+from pipeline.training.recipe import DrafterRecipe
 
 
-def block_recipe(params: TrainParams, verifier, tokenizer, corpus, modules: list | None = None) -> DrafterRecipe:
-    """The block drafter's recipe; the Lightning module it makes is appended to `modules` when given
-    (the stage reads its validation history back for the τ-vs-steps plot)."""
+def recipe(params: TrainParams, verifier, tokenizer, corpus) -> DrafterRecipe:
+    """The block drafter's recipe; after saving, the τ-vs-steps plot from the validation history of the
+    Lightning module it made (also when a short budget ended before the first validation)."""
+    modules: list[BlockDistillModule] = []
     cfg, seed = params.train.block, params.project.seed
     tcfg = resolve_budget(cfg.trainer, len(corpus["train"]))
     mask = resolve_mask(cfg.mask, verifier, tokenizer, corpus["train"])
@@ -40,16 +38,18 @@ def block_recipe(params: TrainParams, verifier, tokenizer, corpus, modules: list
         info(f"block drafter mask token id {mask.describe(tokenizer)}")
     drafter = build_drafter(verifier, cfg, mask and mask.token_id, mask and mask.rule, seed)
     info(layer_line(cfg, drafter.config))
-    data = BlockDataModule(
+    data = PromptResponseDataModule(
         corpus, pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len, batch_size=tcfg.batch_size,
         seed=seed, num_workers=tcfg.num_workers,
     )
 
     def make_module() -> BlockDistillModule:
         module = BlockDistillModule(drafter, verifier, cfg, tcfg, seed, val_rows=data.val_set.rows)
-        if modules is not None:
-            modules.append(module)
+        modules.append(module)
         return module
+
+    def after_save(paths: ArtifactPaths) -> None:
+        write_tau_plot(modules[-1].history, paths.plots)
 
     return DrafterRecipe(
         kind="block", config=cfg, trainer_config=tcfg, drafter=drafter, data=data,
@@ -67,6 +67,7 @@ def block_recipe(params: TrainParams, verifier, tokenizer, corpus, modules: list
             "markov_rank": drafter.config.markov_rank,
             "confidence_head": drafter.config.enable_confidence_head,
         },
+        after_save=after_save,
     )
 
 
@@ -104,21 +105,3 @@ def write_tau_plot(history: list[dict], directory: Path) -> None:
         axis.legend(fontsize=7)
     save_figure_atomic(figure, directory / "train_block_tau.png")
     plt.close(figure)
-
-
-def run(params: TrainParams, args: argparse.Namespace | None = None) -> dict | None:
-    """Train and save the block drafter; returns training.json's content on rank 0 (None elsewhere)."""
-    modules: list[BlockDistillModule] = []
-    info = distill(params, lambda *parts: block_recipe(params, *parts[1:], modules=modules))
-    if info is not None and modules:  # also when a short budget ended before the first validation
-        write_tau_plot(modules[-1].history, ArtifactPaths.from_params(params).plots)
-    return info
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = stage_parser("draftline train --drafter block", "train the block-diffusion drafter (stage train_block)")
-    return run_stage(parser, TrainParams, run, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,16 +32,17 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.config.trainer_config import TrainerConfig
+from pipeline.drafters.block.anchors import block_targets, sample_anchors
 from pipeline.drafters.block.config import BlockDrafterConfig
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
+from pipeline.drafters.block.losses import acceptance_rate, block_loss, confidence_loss, position_weights
 from pipeline.drafters.block.model import DFlashDraftModel, verifier_parts
-from train.agreement import DraftAgreement
-from train.block_data import BlockBatches, block_targets, sample_anchors
-from train.decoded import decode_prompts, decoded_acceptance
-from train.frozen import FrozenVerifier
-from train.losses import acceptance_rate, block_loss, confidence_loss, position_weights
-from train.trainer import DrafterModule
-from train.verifier_cache import VerifierOutputCache
+from pipeline.training.agreement import DraftAgreement
+from pipeline.training.decoded import decode_prompts, decoded_acceptance
+from pipeline.training.frozen import FrozenVerifier
+from pipeline.training.module import DrafterModule
+from pipeline.training.prompt_response_data import PromptResponseBatches
+from pipeline.training.verifier_cache import VerifierOutputCache
 
 
 def anchor_generator(*key: int) -> torch.Generator:
@@ -161,7 +162,7 @@ def decode_acceptance(
 
 @torch.no_grad()
 def evaluate_blocks(
-    drafter: DFlashDraftModel, verifier: FrozenVerifier, batches: BlockBatches, cfg: BlockDrafterConfig, seed: int,
+    drafter: DFlashDraftModel, verifier: FrozenVerifier, batches: PromptResponseBatches, cfg: BlockDrafterConfig, seed: int,
     max_new_tokens: int = 32, denoise_steps: int = 1,
 ) -> dict:
     """Loss and teacher-forced acceptance proxy on held-out batches (anchors fixed by (seed, batch index)),

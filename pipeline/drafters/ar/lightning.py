@@ -17,10 +17,10 @@ import torch
 from transformers import PreTrainedModel
 
 from pipeline.config.trainer_config import LossConfig, TrainerConfig
-from train.agreement import AgreementCounts, simulated_acceptance_length
-from train.frozen import FrozenVerifier
-from train.losses import mixture, needs_teacher
-from train.trainer import DrafterModule
+from pipeline.training.agreement import AgreementCounts, simulated_acceptance_length
+from pipeline.training.distillation import mixture, needs_teacher
+from pipeline.training.frozen import FrozenVerifier
+from pipeline.training.module import DrafterModule
 
 
 def response_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -50,7 +50,7 @@ def bucketed_batches(lengths: Sequence[int], batch_size: int, seed: int) -> list
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
-class BucketedBatches(torch.utils.data.Dataset):
+class NextTokenBatches(torch.utils.data.Dataset):
     """Item i is the collated batch i (so DataLoader runs with batch_size=None)."""
 
     def __init__(self, split: Dataset, max_len: int, batch_size: int, pad_id: int, seed: int):
@@ -136,5 +136,5 @@ class CorpusDataModule(LightningDataModule):
         return DataLoader(self.val_set, batch_size=None, shuffle=False, num_workers=self.num_workers)
 
 
-class ARDataModule(CorpusDataModule):
-    batches_type = BucketedBatches
+class NextTokenDataModule(CorpusDataModule):
+    batches_type = NextTokenBatches

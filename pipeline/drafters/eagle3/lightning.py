@@ -24,13 +24,13 @@ from pipeline.config.trainer_config import TrainerConfig
 from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
 from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
 from pipeline.drafters.eagle3.model import Eagle3DraftModel, shift_left
-from train.agreement import DraftAgreement
-from train.block_data import BlockBatches
-from train.decoded import decode_prompts, decoded_acceptance
-from train.frozen import FrozenVerifier
-from train.losses import ce, fkl
-from train.trainer import DrafterModule
-from train.verifier_cache import VerifierOutputCache
+from pipeline.training.agreement import DraftAgreement
+from pipeline.training.decoded import decode_prompts, decoded_acceptance
+from pipeline.training.distillation import ce, fkl
+from pipeline.training.frozen import FrozenVerifier
+from pipeline.training.module import DrafterModule
+from pipeline.training.prompt_response_data import PromptResponseBatches
+from pipeline.training.verifier_cache import VerifierOutputCache
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def decode_acceptance(drafter: Eagle3DraftModel, verifier: nn.Module, prompts: S
 
 
 @torch.no_grad()
-def evaluate_head(drafter: Eagle3DraftModel, verifier: FrozenVerifier, batches: BlockBatches,
+def evaluate_head(drafter: Eagle3DraftModel, verifier: FrozenVerifier, batches: PromptResponseBatches,
                   cfg: Eagle3DrafterConfig) -> dict:
     """Loss and teacher-forced acceptance proxy on held-out batches, plus the real greedy-decoding
     acceptance on a few held-out prompts."""

@@ -1,4 +1,5 @@
-"""The params every training stage reads (stages `train_<kind>`, `draftline train`, the training benches)."""
+"""The params every training stage reads (stages `train_<kind>`, `draftline train`, the training benches)
+and every kind's recipe receives."""
 
 from __future__ import annotations
 

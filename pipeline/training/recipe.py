@@ -1,0 +1,40 @@
+"""What a kind hands the training stage: its drafter, data, Lightning module and agreement evaluation.
+
+Each kind's `pipeline/drafters/<kind>/training.py` defines `recipe` (a `RecipeFactory`); the stage
+(`train/distill.py`) loads the verifier and corpus, calls it, and owns everything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import lightning as L
+from datasets import DatasetDict
+from pydantic import BaseModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from pipeline.config.trainer_config import TrainerConfig
+from pipeline.paths import ArtifactPaths
+from pipeline.training.frozen import FrozenVerifier
+from pipeline.training.params import TrainParams
+
+
+@dataclass
+class DrafterRecipe:
+    kind: str
+    config: BaseModel  # params.train.<kind>
+    trainer_config: TrainerConfig
+    drafter: PreTrainedModel
+    data: L.LightningDataModule  # exposes `val_set` (held-out rows)
+    make_module: Callable[[], L.LightningModule]
+    # agreement with the verifier on held-out rows: {"loss", <agreement_keys>...}
+    evaluate: Callable[[PreTrainedModel, FrozenVerifier], dict]
+    agreement_keys: tuple[str, ...]  # recorded trained and untrained in training.json
+    per_position_key: str  # the per-position list shown in the summary
+    extra_info: dict = field(default_factory=dict)
+    # the kind's own outputs beyond the shared ones, written on rank 0 after the drafter is saved
+    after_save: Callable[[ArtifactPaths], None] | None = None
+
+
+RecipeFactory = Callable[[TrainParams, PreTrainedModel, PreTrainedTokenizerBase, DatasetDict], DrafterRecipe]
