@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from data_prep.corpus import load_corpus
-from data_prep.verifier import load_verifier, model_location, read_record, verifier_identity
+from data_prep.verifier import load_verifier
 from export import launch_files, tensorrt_build
 from export.manifest import build_manifest
 from pipeline.atomic import atomic_dir, write_json_atomic, write_text_atomic
@@ -32,6 +32,7 @@ from pipeline.integrity import check_drafter_matches_verifier, check_same_tokeni
 from pipeline.lineage import git_commit, library_versions, model_identity, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
+from pipeline.verifier_record import model_location, read_record, verifier_identity
 
 
 class ExportParams(StageParams):

@@ -14,8 +14,8 @@ import yaml
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from data_prep.verifier import write_record
 from pipeline.lineage import hash_file, model_identity
+from pipeline.verifier_record import write_record
 from tests.tiny_models import save_tiny_eagle3, tiny_qwen3
 
 BLOCK_SIZE = 4

@@ -160,6 +160,26 @@ def test_export_and_serve_eval_do_not_import_train():
     assert not offenders, offenders
 
 
+STAGE_PACKAGES = ("data_prep", "train", "export", "serve_eval")
+
+
+def test_pipeline_imports_no_stage_package():
+    """Imports run one way: the stage packages build on `pipeline/` (shared code and the kinds), never the
+    reverse, so what two stages share lives in `pipeline/`. Function-level imports count too."""
+    offenders = []
+    for path in _source_files("pipeline"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            offenders += [f"{path.relative_to(REPO)}:{node.lineno} imports {name}" for name in names
+                          if name.split(".")[0] in STAGE_PACKAGES]
+    assert not offenders, f"pipeline/ imports stage packages: {offenders}"
+
+
 def test_registry_has_every_drafter_name():
     from pipeline.config.base import DRAFTER_NAMES
     from pipeline.drafters.kinds import KINDS

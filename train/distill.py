@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from data_prep.corpus import corpus_hash, load_corpus
-from data_prep.verifier import load_verifier, verifier_identity
+from data_prep.verifier import load_verifier
 from pipeline.atomic import write_json_atomic
 from pipeline.config.trainer_config import TrainerConfig
 from pipeline.integrity import refused_global
@@ -28,6 +28,7 @@ from pipeline.lineage import git_commit, library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 from pipeline.tracking import check_store, tracking_uri
+from pipeline.verifier_record import verifier_identity
 from train.frozen import FrozenVerifier
 from train.train_params import TrainParams
 from train.trainer import (
