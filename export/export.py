@@ -26,7 +26,8 @@ from pipeline.config.stage_params import StageParams
 from pipeline.config.verifier_config import VerifierConfig
 from pipeline.drafters.interface import DrafterKind, OnnxExport, OnnxJob
 from pipeline.drafters.kinds import KINDS
-from pipeline.drafters.onnx_io import MANIFEST_NAME, ParityReport, export_onnx, ort_session, run_session, with_float_dtype
+from pipeline.drafters.onnx_io import MANIFEST_NAME, ParityReport, export_onnx, ort_session, run_session
+from pipeline.drafters.onnx_spec import with_float_dtype
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer, load_tokenizer
 from pipeline.lineage import git_commit, library_versions, model_identity, read_json
