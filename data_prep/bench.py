@@ -27,11 +27,12 @@ from data_prep.engines.openai_client import OpenAIEngine
 from data_prep.engines.vllm_server import vllm_server
 from data_prep.sources import Prompt, stable_order, stdlib_code_prompts, stdlib_text_prompts
 from data_prep.tokenizer import train_bpe_tokenizer
-from data_prep.verifier import load_verifier, model_location, read_record
+from data_prep.verifier import load_verifier
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.sampling_config import SamplingConfig
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
+from pipeline.verifier_record import model_location, read_record
 
 
 def bench_model(params: CorpusParams):

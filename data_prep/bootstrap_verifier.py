@@ -30,7 +30,7 @@ from data_prep.continuation import generate_batch
 from data_prep.sources import split_of, stable_hash, stdlib_code_prompts, stdlib_text_prompts
 from data_prep.stdlib_text import collect_stdlib_texts
 from data_prep.tokenizer import train_bpe_tokenizer
-from data_prep.verifier import load_model_and_tokenizer, write_record
+from data_prep.verifier import load_model_and_tokenizer
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.corpus_config import SplitConfig
@@ -39,6 +39,7 @@ from pipeline.config.verifier_config import BootstrapConfig, VerifierConfig
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
+from pipeline.verifier_record import write_record
 
 
 class VerifierParams(StageParams):

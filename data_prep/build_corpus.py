@@ -33,7 +33,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from data_prep.corpus import COLUMNS, SPLITS, STATS_NAME
 from data_prep.engines import Engine, Request, open_engine
 from data_prep.sources import collect_prompts, split_of, stable_hash
-from data_prep.verifier import load_verifier, model_location, read_record, verifier_identity
+from data_prep.verifier import load_verifier
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.corpus_config import CorpusConfig
@@ -45,6 +45,7 @@ from pipeline.integrity import load_pretrained
 from pipeline.lineage import library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
+from pipeline.verifier_record import model_location, read_record, verifier_identity
 
 
 class CorpusParams(StageParams):

@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from data_prep.corpus import load_corpus
-from data_prep.verifier import load_verifier, model_location, read_record, verifier_identity
+from data_prep.verifier import load_verifier
 from export import launch_files, tensorrt_build
 from export.manifest import build_manifest
 from pipeline.atomic import atomic_dir, write_json_atomic, write_text_atomic
@@ -26,12 +26,14 @@ from pipeline.config.stage_params import StageParams
 from pipeline.config.verifier_config import VerifierConfig
 from pipeline.drafters.interface import DrafterKind, OnnxExport, OnnxJob
 from pipeline.drafters.kinds import KINDS
-from pipeline.drafters.onnx_io import MANIFEST_NAME, ParityReport, export_onnx, ort_session, run_session, with_float_dtype
+from pipeline.drafters.onnx_io import MANIFEST_NAME, ParityReport, export_onnx, ort_session, run_session
+from pipeline.drafters.onnx_spec import with_float_dtype
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer, load_tokenizer
 from pipeline.lineage import git_commit, library_versions, model_identity, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
+from pipeline.verifier_record import model_location, read_record, verifier_identity
 
 
 class ExportParams(StageParams):

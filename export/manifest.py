@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from pipeline.drafters.onnx_io import MANIFEST_NAME, IOSpec
+from pipeline.drafters.onnx_io import MANIFEST_NAME
+from pipeline.drafters.onnx_spec import IOSpec
 from pipeline.drafters.served_checks import TOKENIZER_FILES
 from pipeline.lineage import hash_file
 

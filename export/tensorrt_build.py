@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config.export_config import ExportConfig, ProfileConfig
-from pipeline.drafters.onnx_io import BATCH, PAST, SEQ, IOSpec
+from pipeline.drafters.onnx_spec import BATCH, PAST, SEQ, IOSpec
 from pipeline.errors import DraftlineError
 
 ENGINE_NAME = "engine.plan"

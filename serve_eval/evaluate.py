@@ -85,7 +85,7 @@ def run(params: EvaluateParams, args: argparse.Namespace) -> dict:
     paths = ArtifactPaths.from_params(params)
     config = params.evaluate
     from data_prep.corpus import corpus_hash
-    from data_prep.verifier import verifier_identity
+    from pipeline.verifier_record import verifier_identity
 
     verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
     prompts = load_test_prompts(paths, config.prompts_per_domain, verifier.config.vocab_size)

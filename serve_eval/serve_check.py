@@ -52,9 +52,7 @@ from pipeline.integrity import measured_artifacts
 from pipeline.lineage import library_versions, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info, warn
-from pipeline.serving_venv import serve_python
-from serve_eval.serving_plots import write_serving_plots
-from serve_eval.serving_rule import (
+from pipeline.serving_rule import (
     BATCHED,
     SINGLE,
     domain_failures,
@@ -62,6 +60,8 @@ from serve_eval.serving_rule import (
     sampled_gaps,
     sampled_tolerance,
 )
+from pipeline.serving_venv import serve_python
+from serve_eval.serving_plots import write_serving_plots
 
 
 class ServeCheckParams(StageParams):
@@ -323,7 +323,7 @@ def exported_jobs(params: ServeCheckParams, paths: ArtifactPaths) -> dict[str, d
 
 
 def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
-    from data_prep.verifier import verifier_identity
+    from pipeline.verifier_record import verifier_identity
     from serve_eval.loading import load_test_prompts
 
     paths = ArtifactPaths.from_params(params)

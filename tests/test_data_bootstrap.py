@@ -15,12 +15,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from data_prep import bench_verifier, bootstrap_verifier
 from data_prep.stdlib_text import collect_stdlib_texts
 from data_prep.tokenizer import EOS_TOKEN, MASK_TOKEN, PAD_TOKEN
-from data_prep.verifier import load_verifier, verifier_identity
+from data_prep.verifier import load_verifier
 from pipeline.config.schema import load_all
 from pipeline.errors import DraftlineError
 from pipeline.integrity import check_same_tokenizer, mask_token_id
 from pipeline.lineage import hash_file
 from pipeline.paths import ArtifactPaths
+from pipeline.verifier_record import verifier_identity
 from tests.tiny_models import tiny_tokenizer
 
 TINY_BOOTSTRAP = {"vocab_size": 400, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,

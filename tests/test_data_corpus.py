@@ -16,12 +16,12 @@ import yaml
 from data_prep import build_corpus
 from data_prep.build_corpus import WorkItem, fingerprint, load_shard
 from data_prep.corpus import COLUMNS, corpus_hash, load_corpus
-from data_prep.verifier import write_record
 from pipeline.config.corpus_config import CorpusConfig
 from pipeline.config.schema import load_all
 from pipeline.errors import DraftlineError
 from pipeline.lineage import hash_dir
 from pipeline.paths import ArtifactPaths
+from pipeline.verifier_record import write_record
 from tests.tiny_models import save_tiny_verifier
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,8 +6,8 @@ import pytest
 import torch
 from datasets import Dataset, DatasetDict
 
-from data_prep.verifier import write_record
 from pipeline.lineage import model_identity
+from pipeline.verifier_record import write_record
 from serve_eval.evaluate import main
 from tests.test_spec_loops import block_model
 from tests.tiny_models import save_tiny_eagle3, save_tiny_verifier, tiny_qwen3

@@ -14,8 +14,8 @@ import yaml
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from data_prep.verifier import write_record
 from pipeline.lineage import hash_file, model_identity
+from pipeline.verifier_record import write_record
 from tests.tiny_models import save_tiny_eagle3, tiny_qwen3
 
 BLOCK_SIZE = 4
@@ -234,12 +234,12 @@ def test_onnx_eagle3_backend_matches_torch(exported):
     """Same drafts and acceptances at T=0 from the ONNX Runtime head as from PyTorch (reduced vocabulary)."""
     from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
     from pipeline.drafters.eagle3.model import load_drafter
-    from pipeline.drafters.eagle3.onnx import load_onnx_head
+    from pipeline.drafters.eagle3.onnx import load_onnx_drafter
     from pipeline.drafters.speculative_loop import decode
 
     verifier = AutoModelForCausalLM.from_pretrained(exported / "verifier").eval()
     torch_head = TorchEagle3Head(load_drafter(exported / "drafters" / "eagle3"), verifier)
-    onnx_head = load_onnx_head(exported / "export" / "eagle3")
+    onnx_head = load_onnx_drafter(exported / "export" / "eagle3")
     for prompt in ([5, 17, 30, 41, 8], [100, 7, 64]):
         torch_run = decode(verifier, prompt, 24, proposer=Eagle3Proposer(torch_head, 3))
         onnx_run = decode(verifier, prompt, 24, proposer=Eagle3Proposer(onnx_head, 3))

@@ -13,7 +13,7 @@ from export import tensorrt_build
 from pipeline.config.export_config import ExportConfig, ProfileConfig
 from pipeline.drafters.ar import onnx as ar_onnx
 from pipeline.drafters.block import onnx as block_onnx
-from pipeline.drafters.onnx_io import with_float_dtype
+from pipeline.drafters.onnx_spec import with_float_dtype
 from pipeline.errors import DraftlineError
 from tests.tiny_models import tiny_qwen3
 

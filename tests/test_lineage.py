@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from data_prep.verifier import write_record
 from pipeline.lineage import LIBRARIES, library_versions, model_identity, version_tags
 from pipeline.promote.model_registry import registered_model_name
+from pipeline.verifier_record import write_record
 from tests.tiny_models import save_tiny_verifier
 
 

@@ -109,12 +109,15 @@ def test_only_a_kinds_own_package_branches_on_its_name():
     assert not offenders, f"kind-name branches outside pipeline/drafters/<kind>/: {offenders}"
 
 
+EXPORT_AND_SERVING_MODULES = ("/onnx.py", "/onnx_io.py", "/onnx_spec.py", "/onnx_parity.py", "/serving.py", "/interface.py")
+
+
 def test_training_imports_no_export_or_evaluation_code():
     """Editing ONNX, served-layout or evaluation code must not retrain a drafter (dvc deps = imports)."""
     for stage in (f"train_{name}" for name in KIND_SPECS):
         closure = import_closure(*entry_modules(STAGES[stage]["cmd"]))
         offenders = sorted(path for path in closure if path.startswith(("export/", "serve_eval/"))
-                           or path.endswith(("/onnx.py", "/onnx_io.py", "/serving.py", "/interface.py")))
+                           or path.endswith(EXPORT_AND_SERVING_MODULES))
         assert not offenders, f"{stage} imports {offenders}"
 
 
@@ -122,6 +125,26 @@ def test_export_and_serve_eval_do_not_import_train():
     offenders = [f"{path.relative_to(REPO)} imports {name}" for path in _source_files("export", "serve_eval")
                  for name in imported_modules(path) if name.split(".")[0] == "train"]
     assert not offenders, offenders
+
+
+STAGE_PACKAGES = ("data_prep", "train", "export", "serve_eval")
+
+
+def test_pipeline_imports_no_stage_package():
+    """Imports run one way: the stage packages build on `pipeline/` (shared code and the kinds), never the
+    reverse, so what two stages share lives in `pipeline/`. Function-level imports count too."""
+    offenders = []
+    for path in _source_files("pipeline"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            offenders += [f"{path.relative_to(REPO)}:{node.lineno} imports {name}" for name in names
+                          if name.split(".")[0] in STAGE_PACKAGES]
+    assert not offenders, f"pipeline/ imports stage packages: {offenders}"
 
 
 def test_registry_has_every_drafter_name():

@@ -21,11 +21,11 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from data_prep.verifier import write_record
 from pipeline.integrity import measured_artifacts
 from pipeline.lineage import model_identity
 from pipeline.promote import promote, registry_cmd
 from pipeline.promote.model_registry import CHAMPION, PREVIOUS_CHAMPION, Registry, registered_model_name
+from pipeline.verifier_record import write_record
 from tests.tiny_models import tiny_qwen3, tiny_tokenizer
 
 EXPERIMENT = "draftline-test"

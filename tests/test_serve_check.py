@@ -12,7 +12,6 @@ import torch
 import yaml
 from datasets import Dataset, DatasetDict
 
-from data_prep.verifier import write_record
 from pipeline.config.base import DRAFTER_NAMES
 from pipeline.config.schema import parse_all
 from pipeline.config.serve_check_config import ServeCheckConfig
@@ -21,6 +20,7 @@ from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.promote.promote import read_serving, serve_check_refusals, served_tau, served_tau_tags
 from pipeline.serving_venv import serve_python
+from pipeline.verifier_record import write_record
 from serve_eval import serve_check
 from tests.tiny_models import save_tiny_eagle3, tiny_qwen3, tiny_tokenizer
 
@@ -217,7 +217,7 @@ def test_a_status_flipped_to_passed_is_rederived_from_the_numbers(tmp_path, reco
 def test_a_sampled_gap_fails_only_when_gated(tmp_path):
     """With serve_check.gate_sampled false the T>0 gap is recorded and warned about, not a failure, in
     serve_check's rule and in promote's rederivation of it alike."""
-    from serve_eval.serving_rule import domain_failures, sampled_gaps
+    from pipeline.serving_rule import domain_failures, sampled_gaps
 
     record = _served_record(3.0, 3.0, 3.0, sampled={"T=0.8": {"vllm": {"tau": 1.02, "tau_se": 0.02},
                                                               "draftline": {"tau": 2.3, "tau_se": 0.1}}})

@@ -14,10 +14,10 @@ import yaml
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM
 
-from data_prep.verifier import write_record
 from pipeline.config.schema import parse_all
 from pipeline.errors import DraftlineError
 from pipeline.lineage import model_identity
+from pipeline.verifier_record import write_record
 from tests.tiny_models import save_tiny_verifier, tiny_qwen3, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

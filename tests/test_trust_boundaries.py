@@ -12,8 +12,8 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from data_prep.verifier import write_record
 from pipeline.errors import DraftlineError
+from pipeline.verifier_record import write_record
 from tests.test_spec_loops import block_model
 from tests.tiny_models import save_tiny_verifier, tiny_qwen3, tiny_tokenizer
 
@@ -346,9 +346,9 @@ def test_deepspeed_shards_load_weights_only_with_exactly_its_own_classes_allowed
 def test_train_refuses_a_planted_checkpoint_in_one_line(tmp_path):
     """Through the real stage: the checkpoint dir matches the run's fingerprint, so resume would read it."""
     from data_prep.corpus import corpus_hash
-    from data_prep.verifier import verifier_identity
     from pipeline.config.schema import load_all
     from pipeline.paths import ArtifactPaths
+    from pipeline.verifier_record import verifier_identity
     from tests.test_train_ar import make_artifacts, run_train, write_params
     from train.distill import checkpoint_fingerprint
     from train.trainer import FINGERPRINT_FILE, LAST_CHECKPOINT
@@ -436,8 +436,8 @@ def test_pickled_verifier_weights_load_weights_only_when_params_allow_them(tmp_p
 
 @pytest.mark.parametrize("tamper", ["weights", "recorded_hash", "recorded_id", "moved"])
 def test_verifier_identity_is_the_files_not_what_verifier_json_says(tmp_path, tamper):
-    from data_prep.verifier import verifier_identity
     from pipeline.paths import ArtifactPaths
+    from pipeline.verifier_record import verifier_identity
 
     paths = ArtifactPaths(tmp_path / "artifacts", tmp_path / "metrics", tmp_path / "plots")
     model, _ = save_tiny_verifier(paths.verifier)
@@ -483,8 +483,8 @@ def test_promote_refuses_when_the_verifier_was_swapped_after_evaluate(tmp_path, 
 
 def test_a_verifier_record_pointing_at_the_filesystem_root_is_refused_without_walking_it(tmp_path):
     """Recomputing the identity hashes the directory the record names: never a tree that is not a model."""
-    from data_prep.verifier import verifier_identity
     from pipeline.paths import ArtifactPaths
+    from pipeline.verifier_record import verifier_identity
 
     paths = ArtifactPaths(tmp_path / "artifacts", tmp_path / "metrics", tmp_path / "plots")
     paths.verifier.mkdir(parents=True)

@@ -15,7 +15,7 @@ import torch
 from pydantic import BaseModel
 
 from data_prep.corpus import corpus_hash, load_corpus
-from data_prep.verifier import load_verifier, verifier_identity
+from data_prep.verifier import load_verifier
 from pipeline.atomic import write_json_atomic
 from pipeline.integrity import refused_global
 from pipeline.lineage import git_commit, library_versions
@@ -25,6 +25,7 @@ from pipeline.tracking import check_store, tracking_uri
 from pipeline.training.frozen import FrozenVerifier
 from pipeline.training.params import TrainParams
 from pipeline.training.recipe import RecipeFactory
+from pipeline.verifier_record import verifier_identity
 from train.trainer import (
     build_trainer,
     flatten,

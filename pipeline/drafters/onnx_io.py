@@ -1,10 +1,7 @@
-"""The ONNX contract shared by every drafter kind: named tensors, export, ONNX Runtime, parity.
+"""What every drafter kind does with ONNX: export a wrapper to a checked graph, open it in ONNX Runtime,
+run it on named feeds, and compare it with PyTorch (the parity report).
 
-Serving runtimes (ONNX Runtime, TensorRT) know nothing about transformers' cache objects, so each
-kind exports a thin wrapper with flat, named tensors (`pipeline/drafters/<kind>/onnx.py`); caches are
-one key and one value tensor per layer, flagged `kv` in the spec. An `IOSpec` declares them once: it
-drives the dynamic axes of the export, the parity inputs, the TensorRT profiles and the manifest, and
-the ONNX backends read it back from the manifest, so no code addresses inputs by position.
+The tensors' names and shapes come from the kind's `IOSpec` (`onnx_spec.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from pipeline.drafters.onnx_spec import IOSpec, TensorSpec
 from pipeline.errors import DraftlineError
 from pipeline.integrity import verify_manifest
 
@@ -29,93 +27,6 @@ ONNX_NAME = "model.onnx"
 EXTERNAL_DATA_NAME = "model.onnx.data"
 MANIFEST_NAME = "manifest.json"
 Exporter = Literal["dynamo", "torchscript"]
-
-# Dynamic axis names. Their TensorRT min/opt/max come from params.export.profile (see tensorrt_build).
-# For the block drafter, seq = newly committed context positions and past = cached context positions.
-BATCH, SEQ, PAST, TOTAL = "batch", "seq", "past", "past_plus_seq"
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str  # numpy dtype name, e.g. "float32", "int64"
-    shape: tuple[int | str, ...]  # ints are static, strings name a dynamic axis
-    kv: bool = False  # one layer's cached keys or values: fed back from the matching output next call
-
-
-@dataclass(frozen=True)
-class IOSpec:
-    """Inputs in the wrapper's positional order: the named inputs first, then the `kv` ones (its *past)."""
-
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    sizes: dict[str, int] = field(default_factory=dict)  # static model numbers, for the manifest
-
-    def __post_init__(self):
-        flags = [tensor.kv for tensor in self.inputs]
-        if flags != sorted(flags):
-            raise ValueError("kv inputs must come after the named inputs (they are the wrapper's *past)")
-
-    @property
-    def input_names(self) -> list[str]:
-        return [spec.name for spec in self.inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [spec.name for spec in self.outputs]
-
-    @property
-    def kv_input_names(self) -> list[str]:
-        return [spec.name for spec in self.inputs if spec.kv]
-
-    @property
-    def kv_output_names(self) -> list[str]:
-        return [spec.name for spec in self.outputs if spec.kv]
-
-    def to_json(self) -> dict:
-        def one(spec: TensorSpec) -> dict:
-            return {"name": spec.name, "dtype": spec.dtype, "shape": list(spec.shape), "kv": spec.kv}
-
-        return {"inputs": [one(s) for s in self.inputs], "outputs": [one(s) for s in self.outputs],
-                "sizes": dict(self.sizes)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "IOSpec":
-        def one(item: dict) -> TensorSpec:
-            return TensorSpec(item["name"], item["dtype"], tuple(item["shape"]), bool(item.get("kv", False)))
-
-        return cls(tuple(one(i) for i in data["inputs"]), tuple(one(o) for o in data["outputs"]),
-                   {k: int(v) for k, v in data.get("sizes", {}).items()})
-
-
-def kv_names(num_layers: int, prefix: str) -> list[str]:
-    """`{prefix}_key.0, {prefix}_value.0, {prefix}_key.1, ...`: the flat cache layout of every wrapper."""
-    return [f"{prefix}_{kind}.{layer}" for layer in range(num_layers) for kind in ("key", "value")]
-
-
-def kv_tensors(names: list[str], dtype: str, heads: int, length: str, head_dim: int) -> list[TensorSpec]:
-    return [TensorSpec(name, dtype, (BATCH, heads, length, head_dim), kv=True) for name in names]
-
-
-def with_float_dtype(spec: IOSpec, dtype: str) -> IOSpec:
-    """The same contract with every floating tensor in `dtype` (a reduced-precision graph)."""
-    def cast(tensors):
-        return tuple(TensorSpec(t.name, dtype if t.dtype.startswith(("float", "bfloat")) else t.dtype, t.shape, t.kv)
-                     for t in tensors)
-
-    return IOSpec(cast(spec.inputs), cast(spec.outputs), spec.sizes)
-
-
-def empty_kv(spec: IOSpec, batch: int) -> list[np.ndarray]:
-    """A zero-length cache for every kv input (the first call of a decode)."""
-    return [np.zeros((batch, spec.sizes["num_key_value_heads"], 0, spec.sizes["head_dim"]), dtype=np.float32)
-            for _ in spec.kv_input_names]
-
-
-def random_kv(spec: IOSpec, batch: int, length: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    heads, head_dim = spec.sizes["num_key_value_heads"], spec.sizes["head_dim"]
-    return {name: torch.randn(batch, heads, length, head_dim, generator=generator) for name in spec.kv_input_names}
-
 
 # --------------------------------------------------------------------------- export
 
@@ -289,3 +200,8 @@ def run_wrapper(wrapper: nn.Module, spec: IOSpec, feeds: dict) -> list[np.ndarra
 def run_session(session: ort.InferenceSession, spec: IOSpec, feeds: dict) -> list[np.ndarray]:
     """ONNX Runtime on named feeds (arrays or CPU tensors), outputs in `spec.output_names` order."""
     return session.run(spec.output_names, {name: np.asarray(feeds[name]) for name in spec.input_names})
+
+
+def named_outputs(spec: IOSpec, outputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """Outputs in `spec.output_names` order (as `run_wrapper` and `run_session` return them), by name."""
+    return dict(zip(spec.output_names, outputs))

@@ -31,7 +31,6 @@ from typing import Sequence
 import yaml
 from rich.table import Table
 
-from data_prep.verifier import verifier_identity
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.base import DRAFTER_NAMES
@@ -62,8 +61,9 @@ from pipeline.promote.model_registry import (
     registry_lock,
     tag_key,
 )
+from pipeline.serving_rule import domain_failures
 from pipeline.tracking import TAG_MODEL_IDENTITY, TAG_STAGE, tracking_uri
-from serve_eval.serving_rule import domain_failures
+from pipeline.verifier_record import verifier_identity
 
 
 class PromoteParams(StageParams):

@@ -1,9 +1,8 @@
 """The AR drafter as an ONNX graph: one decode call with a flat KV cache, and its parity checks.
 
 `(input_ids, position_ids, past_key.0, past_value.0, ...) -> (logits, present_key.0, ...)`. The
-decoding check feeds each runtime its *own* previous cache (ONNX Runtime gets the `present_*` it
-returned), so error that compounds through the exported cache shows up; both sides get the same
-next token (PyTorch's argmax) so the two paths stay comparable step by step.
+decoding check replays a greedy decode of each prompt (`onnx_parity.replay_decode`), each runtime fed
+the `present_*` cache it returned.
 """
 
 from __future__ import annotations
@@ -17,40 +16,21 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from pipeline.config.export_config import ProfileConfig
 from pipeline.drafters.ar.model import load_drafter
-from pipeline.drafters.interface import OnnxExport, OnnxJob
-from pipeline.drafters.onnx_io import (
-    BATCH,
-    PAST,
-    SEQ,
-    TOTAL,
-    IOSpec,
-    ParityReport,
-    TensorSpec,
-    empty_kv,
-    export_onnx,
-    kv_names,
-    kv_tensors,
-    ort_session,
-    random_kv,
-    read_export,
-    run_session,
-    run_wrapper,
-)
+from pipeline.drafters.interface import OnnxJob
+from pipeline.drafters.onnx_io import ParityReport, named_outputs, read_export, run_session
+from pipeline.drafters.onnx_parity import random_cases, replay_decode
+from pipeline.drafters.onnx_spec import BATCH, SEQ, IOSpec, TensorSpec, empty_kv, kv_cache, present_kv, random_kv, with_past
 
 
 def io_spec(config, dtype: str = "float32") -> IOSpec:
     layers = config.num_hidden_layers
     kv_heads = config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    inputs = [TensorSpec("input_ids", "int64", (BATCH, SEQ)), TensorSpec("position_ids", "int64", (BATCH, SEQ))]
-    inputs += kv_tensors(kv_names(layers, "past"), dtype, kv_heads, PAST, head_dim)
-    outputs = [TensorSpec("logits", dtype, (BATCH, SEQ, config.vocab_size))]
-    outputs += kv_tensors(kv_names(layers, "present"), dtype, kv_heads, TOTAL, head_dim)
-    sizes = {"num_layers": layers, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-             "vocab_size": config.vocab_size}
-    return IOSpec(tuple(inputs), tuple(outputs), sizes)
+    past, present, cache_sizes = kv_cache(layers, dtype, kv_heads, head_dim)
+    inputs = [TensorSpec("input_ids", "int64", (BATCH, SEQ)), TensorSpec("position_ids", "int64", (BATCH, SEQ)), *past]
+    outputs = [TensorSpec("logits", dtype, (BATCH, SEQ, config.vocab_size)), *present]
+    return IOSpec(tuple(inputs), tuple(outputs), {**cache_sizes, "vocab_size": config.vocab_size})
 
 
 class ARDecodeWrapper(nn.Module):
@@ -88,58 +68,35 @@ def feeds(spec: IOSpec, input_ids, past: Sequence) -> dict[str, np.ndarray]:
     batch, new = input_ids.shape
     cached = past[0].shape[2]
     positions = np.broadcast_to(np.arange(cached, cached + new, dtype=np.int64), (batch, new)).copy()
-    named = {"input_ids": np.asarray(input_ids, dtype=np.int64), "position_ids": positions}
-    named.update(zip(spec.kv_input_names, (np.asarray(t, dtype=np.float32) for t in past)))
-    return named
+    return with_past(spec, {"input_ids": np.asarray(input_ids, dtype=np.int64), "position_ids": positions}, past)
 
 
-def random_feeds(spec: IOSpec, batch: int, new: int, cached: int, generator: torch.Generator) -> dict:
+def random_feeds(spec: IOSpec, batch: int, new: int, cached: int, generator: torch.Generator) -> dict[str, np.ndarray]:
     ids = torch.randint(0, spec.sizes["vocab_size"], (batch, new), generator=generator)
     return feeds(spec, ids, list(random_kv(spec, batch, cached, generator).values()))
 
 
-def parity(wrapper: nn.Module, session: ort.InferenceSession, spec: IOSpec, prompts: Sequence[Sequence[int]],
-           steps: int, atol: float, rtol: float, seed: int = 0) -> ParityReport:
-    report = ParityReport(atol, rtol)
-    generator = torch.Generator().manual_seed(seed)
-    for batch, new, cached in ((1, 1, 0), (2, 5, 7), (3, 1, 16)):
-        case = random_feeds(spec, batch, new, cached, generator)
-        report.add(f"random b{batch} s{new} past{cached}", spec.output_names, run_wrapper(wrapper, spec, case),
-                   run_session(session, spec, case))
-    agree = total = 0
-    for index, prompt in enumerate(prompts):
-        ids = np.asarray([list(prompt)])
-        torch_past, ort_past = empty_kv(spec, 1), empty_kv(spec, 1)
-        for step in range(steps + 1):  # step 0 is the prefill
-            reference = run_wrapper(wrapper, spec, feeds(spec, ids, torch_past))
-            candidate = run_session(session, spec, feeds(spec, ids, ort_past))
-            report.add(f"prompt {index} {'prefill' if step == 0 else f'decode {step}'}", spec.output_names,
-                       reference, candidate)
-            next_token = int(reference[0][0, -1].argmax())
-            agree += int(candidate[0][0, -1].argmax() == next_token)
-            total += 1
-            torch_past, ort_past = reference[1:], candidate[1:]
-            ids = np.asarray([[next_token]])
-    report.decode = {"prompts": len(prompts), "steps": steps, "argmax_agreement": agree / max(1, total)}
-    return report
-
-
-def export(job: OnnxJob) -> OnnxExport:
-    """The served checkpoint (as serving stacks load it) to ONNX, checked against PyTorch."""
+def graph(job: OnnxJob) -> tuple[nn.Module, IOSpec]:
+    """The served checkpoint, as serving stacks load it."""
     model = load_drafter(job.serving_dir).float()
-    spec = io_spec(model.config)
-    wrapper = ARDecodeWrapper(model).eval()
-    example = random_feeds(spec, 2, 3, 5, torch.Generator().manual_seed(job.seed))
-    path = export_onnx(wrapper, spec, example, job.out, job.config.opset, job.config.exporter)
-    report = parity(wrapper, ort_session(path), spec, [prompt for prompt, _ in job.texts], job.config.parity_steps,
-                    job.config.atol, job.config.rtol, job.seed)
-    return OnnxExport(wrapper, spec, path, report)
+    return ARDecodeWrapper(model).eval(), io_spec(model.config)
 
 
-def opt_feeds(spec: IOSpec, profile: ProfileConfig, seed: int) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    batch, new, cached = max(1, profile.batch[1]), max(1, profile.seq[1]), max(1, profile.past[1])
-    return {name: torch.as_tensor(value) for name, value in random_feeds(spec, batch, new, cached, generator).items()}
+def parity(job: OnnxJob, wrapper: nn.Module, session: ort.InferenceSession, spec: IOSpec) -> ParityReport:
+    """Random cases, then a greedy decode of each prompt: its prefill and `parity_steps` one-token calls."""
+    report = ParityReport(job.config.atol, job.config.rtol)
+    random_cases(report, spec, wrapper, session, random_feeds, torch.Generator().manual_seed(job.seed))
+    prompts, steps = [prompt for prompt, _ in job.texts], job.config.parity_steps
+
+    def follow(outputs: dict[str, np.ndarray], token: int) -> dict[str, np.ndarray]:
+        return feeds(spec, np.asarray([[token]]), present_kv(spec, outputs))
+
+    agree = sum(replay_decode(report, spec, wrapper, session, feeds(spec, np.asarray([list(prompt)]), empty_kv(spec, 1)),
+                              follow, steps, f"prompt {index}", ("prefill", "decode"))
+                for index, prompt in enumerate(prompts))
+    report.decode = {"prompts": len(prompts), "steps": steps,
+                     "argmax_agreement": agree / max(1, len(prompts) * (steps + 1))}
+    return report
 
 
 # --------------------------------------------------------------------------- ONNX Runtime drafter
@@ -164,9 +121,9 @@ class OnnxARDrafter:
         self.cache = empty_kv(self.spec, 1)
 
     def forward(self, token_ids: list[int]) -> torch.Tensor:
-        named = feeds(self.spec, np.asarray([token_ids]), self.cache)
-        outputs = dict(zip(self.spec.output_names, self.session.run(self.spec.output_names, named)))
-        self.cache = [outputs[name] for name in self.spec.kv_output_names]
+        outputs = named_outputs(self.spec, run_session(self.session, self.spec,
+                                                       feeds(self.spec, np.asarray([token_ids]), self.cache)))
+        self.cache = present_kv(self.spec, outputs)
         return torch.from_numpy(np.ascontiguousarray(outputs["logits"][0, -1])).float()
 
     def crop(self, length: int) -> None:

@@ -11,42 +11,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from transformers import PreTrainedModel
 
 from pipeline.config.evaluate_config import EvaluateConfig
-from pipeline.config.export_config import ProfileConfig
 from pipeline.drafters.block import onnx, serving
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.model import load_drafter
-from pipeline.drafters.block.onnx import load_onnx_drafter
-from pipeline.drafters.interface import DrafterKind, Launch, LoadedDrafter, OnnxExport, OnnxJob
-from pipeline.drafters.onnx_io import IOSpec
+from pipeline.drafters.block.spec import BLOCK as SPEC
+from pipeline.drafters.interface import DrafterKind, LoadedDrafter
 
 
-class BlockKind:
-    name = "block"
-
-    def serving_layout(self, serving_dir: Path) -> dict:
-        return serving.serving_layout(serving_dir)
-
-    def launch(self, served: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launch:
-        return serving.launch(served, verifier, draft, drafter_dir)
-
-    def export_onnx(self, job: OnnxJob) -> OnnxExport:
-        return onnx.export(job)
-
-    def opt_feeds(self, spec: IOSpec, profile: ProfileConfig, seed: int) -> dict[str, torch.Tensor]:
-        return onnx.opt_feeds(spec, profile, seed)
-
-    def load(self, drafter_dir: Path, verifier: PreTrainedModel, config: EvaluateConfig,
-             export_dir: Path) -> LoadedDrafter:
-        if config.backend == "onnx":
-            drafter = load_onnx_drafter(export_dir, config.denoise_steps)
-        else:
-            model = load_drafter(drafter_dir, verifier.dtype).to(verifier.device)
-            drafter = BlockDrafter(model, verifier, config.denoise_steps)
-        return LoadedDrafter(BlockProposer(drafter, config.confidence_threshold), config.backend, None)
+def load(drafter_dir: Path, verifier: PreTrainedModel, config: EvaluateConfig, export_dir: Path) -> LoadedDrafter:
+    if config.backend == "onnx":
+        drafter = onnx.load_onnx_drafter(export_dir, config.denoise_steps)
+    else:
+        drafter = BlockDrafter(load_drafter(drafter_dir, verifier.dtype).to(verifier.device), verifier, config.denoise_steps)
+    return LoadedDrafter(BlockProposer(drafter, config.confidence_threshold), config.backend, None)
 
 
-KIND: DrafterKind = BlockKind()
+KIND = DrafterKind(name=SPEC.name, onnx=onnx, serving=serving, load=load)

@@ -23,50 +23,47 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from pipeline.config.export_config import ProfileConfig
 from pipeline.drafters.block.decoding import Drafted
 from pipeline.drafters.block.model import DFlashDraftModel, anchor_blocks, load_drafter
-from pipeline.drafters.interface import OnnxExport, OnnxJob
-from pipeline.drafters.onnx_io import (
+from pipeline.drafters.interface import OnnxJob
+from pipeline.drafters.onnx_io import ParityReport, named_outputs, read_export, run_session
+from pipeline.drafters.onnx_spec import (
     BATCH,
     PAST,
     SEQ,
     TOTAL,
     IOSpec,
-    ParityReport,
     TensorSpec,
     empty_kv,
-    export_onnx,
-    kv_names,
-    kv_tensors,
-    ort_session,
+    kv_cache,
+    present_kv,
     random_kv,
-    read_export,
-    run_session,
+    with_past,
 )
 from pipeline.errors import DraftlineError
 
 
 def io_spec(model: DFlashDraftModel, vocab_size: int, dtype: str = "float32") -> IOSpec:
     config = model.config
-    layers, kv_heads, head_dim = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+    past, present, cache_sizes = kv_cache(config.num_hidden_layers, dtype, config.num_key_value_heads,
+                                          config.head_dim, "_context")
     inputs = [
         TensorSpec("anchor_ids", "int64", (BATCH,)),
         TensorSpec("anchor_positions", "int64", (BATCH,)),
         TensorSpec("context_features", dtype, (BATCH, SEQ, config.hidden_size)),
         TensorSpec("context_positions", "int64", (BATCH, SEQ)),
         TensorSpec("past_context_positions", "int64", (BATCH, PAST)),
-        *kv_tensors(kv_names(layers, "past_context"), dtype, kv_heads, PAST, head_dim),
+        *past,
     ]
     block = int(config.block_size) - 1
     outputs = [
         TensorSpec("logits", dtype, (BATCH, block, vocab_size)),
         *([TensorSpec("hidden", dtype, (BATCH, block, config.hidden_size))] if config.enable_confidence_head else []),
         TensorSpec("present_context_positions", "int64", (BATCH, TOTAL)),
-        *kv_tensors(kv_names(layers, "present_context"), dtype, kv_heads, TOTAL, head_dim),
+        *present,
     ]
     sizes = {"block_size": int(config.block_size), "hidden_size": config.hidden_size, "vocab_size": vocab_size,
-             "num_layers": layers, "num_key_value_heads": kv_heads, "head_dim": head_dim}
+             **cache_sizes}
     return IOSpec(tuple(inputs), tuple(outputs), sizes)
 
 
@@ -126,22 +123,20 @@ class BlockReference:
 def feeds(spec: IOSpec, features, positions, anchor_ids, past_positions, past: Sequence) -> dict[str, np.ndarray]:
     """Named inputs: commit `features` at `positions` after the cached context, draft after the last one."""
     positions = np.asarray(positions, dtype=np.int64)
-    named = {
+    return with_past(spec, {
         "anchor_ids": np.asarray(anchor_ids, dtype=np.int64),
         "anchor_positions": positions[:, -1] + 1,
         "context_features": np.asarray(features, dtype=np.float32),
         "context_positions": positions,
         "past_context_positions": np.asarray(past_positions, dtype=np.int64),
-    }
-    named.update(zip(spec.kv_input_names, (np.asarray(t, dtype=np.float32) for t in past)))
-    return named
+    }, past)
 
 
 def empty_context(spec: IOSpec, batch: int) -> tuple[np.ndarray, list[np.ndarray]]:
     return np.zeros((batch, 0), dtype=np.int64), empty_kv(spec, batch)
 
 
-def random_feeds(spec: IOSpec, batch: int, cached: int, new: int, generator: torch.Generator) -> dict[str, np.ndarray]:
+def random_feeds(spec: IOSpec, batch: int, new: int, cached: int, generator: torch.Generator) -> dict[str, np.ndarray]:
     """Random features and context K/V for `cached` past + `new` positions; the anchor follows them."""
     features = torch.randn(batch, new, spec.sizes["hidden_size"], generator=generator)
     positions = (torch.arange(new) + cached).expand(batch, new)
@@ -153,8 +148,8 @@ def random_feeds(spec: IOSpec, batch: int, cached: int, new: int, generator: tor
 
 def context_of(spec: IOSpec, outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     """The present context positions and K/V of one call's outputs, to feed back as the next call's past."""
-    named = dict(zip(spec.output_names, outputs))
-    return named["present_context_positions"], [named[name] for name in spec.kv_output_names]
+    named = named_outputs(spec, outputs)
+    return named["present_context_positions"], present_kv(spec, named)
 
 
 def _chunks(total: int, steps: int, prefill: int) -> list[tuple[int, int]]:
@@ -167,17 +162,24 @@ def _chunks(total: int, steps: int, prefill: int) -> list[tuple[int, int]]:
     return spans
 
 
-def parity(reference: BlockReference, session: ort.InferenceSession, spec: IOSpec,
-           texts: Sequence[tuple[torch.Tensor, Sequence[int]]], steps: int, atol: float, rtol: float,
-           seed: int = 0) -> ParityReport:
-    """`texts`: (fused verifier features (1, T, D), the T token ids they came from) per corpus text.
+def graph(job: OnnxJob) -> tuple[nn.Module, IOSpec]:
+    """The trained drafter (its own config: the served one names model_type qwen3 for the serving
+    stacks) with the verifier's embedding and LM head."""
+    model = load_drafter(job.drafter_dir).float()
+    wrapper = BlockDraftWrapper(model, job.verifier.get_input_embeddings(), job.verifier.get_output_embeddings())
+    return wrapper.eval(), io_spec(model, job.verifier.config.get_text_config().vocab_size)
 
-    Random cases draft once after a random context; decoding replays each text, growing the context
-    by 1-3 committed positions per step and feeding ONNX Runtime its own `present_context_*` back,
-    the way the DFlash loop grows its context cache. Anchor = the token right after the context.
+
+def parity(job: OnnxJob, wrapper: BlockDraftWrapper, session: ort.InferenceSession, spec: IOSpec) -> ParityReport:
+    """Against `draft_block` itself (`BlockReference`), not the wrapper. Random cases draft once after a
+    random context; decoding replays each corpus text (its fused verifier features), growing the
+    context by 1-3 committed positions per step and feeding ONNX Runtime its own `present_context_*`
+    back, the way the DFlash loop grows its context cache. Anchor = the token right after the context.
     """
-    report = ParityReport(atol, rtol)
-    generator = torch.Generator().manual_seed(seed)
+    report = ParityReport(job.config.atol, job.config.rtol)
+    generator = torch.Generator().manual_seed(job.seed)
+    reference = BlockReference(wrapper.model, wrapper.embed_tokens, wrapper.lm_head)
+    texts, steps = job.verifier_texts(wrapper.model.fuse_target_hidden), job.config.parity_steps
     vocab, hidden = spec.sizes["vocab_size"], spec.sizes["hidden_size"]
     for batch, cached, new in ((1, 0, 1), (2, 6, 3), (3, 17, 1)):
         reference.reset()
@@ -210,32 +212,6 @@ def parity(reference: BlockReference, session: ort.InferenceSession, spec: IOSpe
             past_positions, past = context_of(spec, got)
     report.decode = {"texts": len(texts), "steps": steps, "block_argmax_agreement": agree / max(1, total)}
     return report
-
-
-def export(job: OnnxJob) -> OnnxExport:
-    """The trained drafter (its own config: the served one names model_type qwen3 for the serving
-    stacks) with the verifier's embedding and LM head to ONNX, checked against `draft_block`."""
-    model = load_drafter(job.drafter_dir).float()
-    embed, lm_head = job.verifier.get_input_embeddings(), job.verifier.get_output_embeddings()
-    spec = io_spec(model, job.verifier.config.get_text_config().vocab_size)
-    wrapper = BlockDraftWrapper(model, embed, lm_head).eval()
-    example = random_feeds(spec, 2, 5, 3, torch.Generator().manual_seed(job.seed))
-    path = export_onnx(wrapper, spec, example, job.out, job.config.opset, job.config.exporter)
-    contexts = []
-    with torch.no_grad():
-        for prompt, response in job.texts:
-            ids = prompt + response
-            hidden = job.verifier(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
-            contexts.append((model.fuse_target_hidden(hidden), ids))
-    report = parity(BlockReference(model, embed, lm_head), ort_session(path), spec, contexts,
-                    job.config.parity_steps, job.config.atol, job.config.rtol, job.seed)
-    return OnnxExport(wrapper, spec, path, report)
-
-
-def opt_feeds(spec: IOSpec, profile: ProfileConfig, seed: int) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    batch, new, cached = max(1, profile.batch[1]), max(1, profile.seq[1]), max(1, profile.past[1])
-    return {name: torch.as_tensor(value) for name, value in random_feeds(spec, batch, cached, new, generator).items()}
 
 
 # --------------------------------------------------------------------------- ONNX Runtime drafter
@@ -279,9 +255,8 @@ class OnnxBlockDrafter:
         positions = np.arange(start, start + features.shape[1], dtype=np.int64)[None]
         assert positions[0, -1] + 1 == anchor_position, "the anchor follows the committed context"
         named = feeds(self.spec, features, positions, [anchor_id], self.positions, self.cache)
-        outputs = dict(zip(self.spec.output_names, self.session.run(self.spec.output_names, named)))
-        self.positions = outputs["present_context_positions"]
-        self.cache = [outputs[name] for name in self.spec.kv_output_names]
+        outputs = named_outputs(self.spec, run_session(self.session, self.spec, named))
+        self.positions, self.cache = outputs["present_context_positions"], present_kv(self.spec, outputs)
         self.pending = []
         hidden = outputs.get("hidden")
         return torch.from_numpy(outputs["logits"][0]), None if hidden is None else torch.from_numpy(hidden[0])

@@ -18,7 +18,8 @@ class Eagle3HeadBackend(Protocol):
 
     def reset(self) -> None: ...
 
-    def length(self) -> int: ...
+    @property
+    def cache_length(self) -> int: ...
 
     def crop(self, length: int) -> None: ...
 
@@ -41,7 +42,7 @@ class TorchEagle3Head:
         self.cache = Eagle3Cache()
 
     @property
-    def length(self) -> int:
+    def cache_length(self) -> int:
         return self.cache.length
 
     def crop(self, length: int) -> None:
@@ -103,7 +104,7 @@ class Eagle3Proposer:
             state, logits = self.head.run(hidden, next_tokens)
             self.last = state[:, -1:], logits[0, -1]
             self.pending = []
-        committed = self.head.length
+        committed = self.head.cache_length
         assert committed == len(tokens) - 1, "the head covers every committed position but the last token"
         state, logits = self.last
         drafts: list[int] = []

@@ -1,0 +1,81 @@
+"""The verifier's record, `artifacts/verifier/verifier.json`: where the model is and which weights it is.
+
+`bootstrap_verifier` writes it; every stage that binds to the verifier (corpus, training, export,
+evaluation, serve_check, promote) reads it and checks the identity here, without loading the model.
+It says where the model is: the directory itself (bootstrap) or an external local path / cached HF
+name (source `hf`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.atomic import write_json_atomic
+from pipeline.errors import DraftlineError
+from pipeline.lineage import library_versions, model_identity
+from pipeline.paths import ArtifactPaths
+
+RECORD_NAME = "verifier.json"
+MISSING_HINT = "run `dvc repro bootstrap_verifier` (or `draftline bootstrap_verifier`)"
+
+
+def read_record(paths: ArtifactPaths) -> dict:
+    record_path = paths.verifier / RECORD_NAME
+    if not record_path.is_file():
+        raise DraftlineError(f"no verifier at {paths.verifier} ({RECORD_NAME} missing); {MISSING_HINT}")
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DraftlineError(f"{record_path} is not valid JSON ({error}); {MISSING_HINT}") from None
+    if not isinstance(record, dict) or not {"source", "name_or_path", "hash", "id"} <= record.keys():
+        raise DraftlineError(f"{record_path} lacks source/name_or_path/hash/id; {MISSING_HINT}")
+    return record
+
+
+def write_record(directory: Path, *, source: str, name_or_path: str, id_prefix: str,
+                 trust_remote_code: bool = False, model_dir: Path | None = None) -> dict:
+    """Write `verifier.json` into `directory`; the hash is the model identity of `model_dir` (default:
+    `directory` itself), so the id, and the registered model names built from it, survive a library
+    upgrade that only re-stamps the checkpoint's files.
+
+    Tests use it too: a checkpoint saved into `artifacts/verifier/` plus this record is a verifier.
+    """
+    content_hash = model_identity(model_dir or directory)
+    record = {"source": source, "name_or_path": name_or_path, "hash": content_hash,
+              "id": f"{id_prefix}-{content_hash[:12]}", "trust_remote_code": trust_remote_code,
+              "library_versions": library_versions()}
+    write_json_atomic(Path(directory) / RECORD_NAME, record)
+    return record
+
+
+def verifier_identity(paths: ArtifactPaths) -> dict:
+    """The verifier's id and hash, the hash recomputed from its files now. `verifier.json` is a file anyone
+    can edit and, for an external verifier, the model lives outside what DVC tracks: training fingerprints,
+    corpus shards, exports, metrics and registered model names all bind to this identity, so it must be
+    the identity of the weights that are actually there."""
+    record = read_record(paths)
+    record_path = paths.verifier / RECORD_NAME
+    location = Path(model_location(paths, record))
+    if record["source"] == "bootstrap":
+        fix = "restore it (`dvc checkout bootstrap_verifier`) or rebuild it (`dvc repro bootstrap_verifier`)"
+    else:  # DVC does not track the external model's files, so only a forced run re-records it
+        fix = "re-record it with `dvc repro -f bootstrap_verifier` (or `draftline bootstrap_verifier`)"
+    if not (location / "config.json").is_file():  # never hash whatever tree the record points at ("/")
+        raise DraftlineError(f"the verifier recorded in {record_path} is not at {location} (no config.json); {fix}")
+    try:
+        now = model_identity(location)
+    except OSError as error:
+        raise DraftlineError(f"cannot read the verifier at {location} ({error}); {fix}") from None
+    if now != record["hash"]:
+        raise DraftlineError(f"the verifier at {location} is not the one {record_path} recorded (its files hash to "
+                             f"{now[:12]}, recorded {str(record['hash'])[:12]}); {fix}")
+    if not str(record["id"]).endswith(f"-{now[:12]}"):  # registered model names are built from the id
+        raise DraftlineError(f"{record_path}: id '{record['id']}' is not one bootstrap_verifier gives the verifier "
+                             f"with hash {now[:12]}; {fix}")
+    return {"id": record["id"], "hash": now, "source": record["source"]}
+
+
+def model_location(paths: ArtifactPaths, record: dict) -> str:
+    """The directory (or cached HF name) to load: the verifier dir itself for a bootstrapped model."""
+    return str(paths.verifier) if record["source"] == "bootstrap" else record["name_or_path"]
