@@ -5,7 +5,7 @@ module, plus the kinds' modules loaded by name: `LOADED_BY_NAME`, and stage `tra
 `training`), so editing a file reruns exactly the stages that run it; a kind's
 training stage does not depend on another kind's model code. Every kind gets a `train_<kind>` stage, and
 every stage that reads drafters lists each kind's drafter dir, so retraining any kind makes its export,
-evaluation and registry entry stale. tests/test_dvc_pipeline.py fails when dvc.yaml differs from this output.
+evaluation and registry entry stale. tests/pipeline/test_dvc_pipeline.py fails when dvc.yaml differs from this output.
 
 This module reads the stage packages' sources; it imports none of them.
 """

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from pipeline.serving_venv import serve_python
-from tests.tiny_models import tiny_llama, tiny_llama_tokenizer
+from tests.support.tiny_models import tiny_llama, tiny_llama_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -39,7 +39,7 @@ FILE_EXTENSIONS = ("py", "md", "yaml", "yml", "toml", "json", "txt", "cfg", "sh"
 # files they create), except these files of other projects.
 EXTERNAL_FILE_NAMES = {"llama_eagle3.py", "qwen3_dflash.py", "qwen3_dspark.py", "gpu_model_runner.py"}
 # Packages a test creates in a copy of the repository, by the test file that creates and names them.
-CREATED_BY_TESTS = {"tests/test_fourth_kind.py": "pipeline/drafters/ar2"}
+CREATED_BY_TESTS = {"tests/pipeline/drafters/test_fourth_kind.py": "pipeline/drafters/ar2"}
 
 BANNED = (
     (re.compile(r"DESIGN\.md|DESIGN\s+section"), "cites the design reference outside the repository (use docs/algorithms.md)"),

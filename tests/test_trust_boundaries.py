@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 
 from pipeline.errors import DraftlineError
 from pipeline.verifier_record import write_record
-from tests.test_spec_loops import block_model
-from tests.tiny_models import save_tiny_verifier, tiny_qwen3, tiny_tokenizer
+from tests.support.decoding import block_model
+from tests.support.tiny_models import save_tiny_verifier, tiny_qwen3, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIL = """
@@ -349,7 +349,8 @@ def test_train_refuses_a_planted_checkpoint_in_one_line(tmp_path):
     from pipeline.config.schema import load_all
     from pipeline.paths import ArtifactPaths
     from pipeline.verifier_record import verifier_identity
-    from tests.test_train_ar import make_artifacts, run_train, write_params
+    from tests.support.training import run_train, write_params
+    from tests.support.workspace import make_artifacts
     from train.distill import checkpoint_fingerprint
     from train.trainer import FINGERPRINT_FILE, LAST_CHECKPOINT
 
@@ -463,12 +464,12 @@ def test_promote_refuses_when_the_verifier_was_swapped_after_evaluate(tmp_path, 
     """verifier.json still holds the old hash, and so does eval.json: only recomputing finds the swap."""
     from pipeline.promote import promote
     from pipeline.promote.model_registry import Registry
-    from tests.test_registry_promote import _ready_workspace
+    from tests.support.promotion import ready_workspace
 
     tokenizer_dir = tmp_path / "tokenizer"
     tiny_tokenizer().save_pretrained(tokenizer_dir)
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ws = _ready_workspace(tmp_path, store, "swapped", tokenizer_dir)
+    ws = ready_workspace(tmp_path, store, "swapped", tokenizer_dir)
     (ws.root / "artifacts/verifier/config.json").write_text(json.dumps({"model_type": "qwen3", "other": True}))
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(ws.root)
@@ -514,10 +515,10 @@ def _promote_once(ws, capsys) -> tuple[int, str]:
 ])
 def test_promote_reads_malformed_records_as_one_line(tmp_path, capsys, file, content, expected):
     """Valid JSON of the wrong shape (a list where an object belongs) was an AttributeError traceback."""
-    from tests.test_registry_promote import _ready_workspace
+    from tests.support.promotion import ready_workspace
 
     tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
-    ws = _ready_workspace(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "shapes", tmp_path / "tokenizer")
+    ws = ready_workspace(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "shapes", tmp_path / "tokenizer")
     if file == "metrics/serving.json":
         params = yaml.safe_load(ws.params.read_text())
         params["serve_check"] = {"required": True}  # so that serving.json is read

@@ -1,0 +1,139 @@
+"""The `evaluate` stage end to end on tiny artifacts built in a tmp dir."""
+
+import json
+
+import pytest
+import torch
+
+from pipeline.lineage import model_identity
+from serve_eval.evaluate import main
+from tests.support.workspace import evaluate_params
+
+DOMAIN_KEYS = {"acceptance_rate", "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "draft_time_s",
+               "verify_time_s", "per_position_acceptance", "prompts"}
+
+
+def test_evaluate_writes_contract_metrics_and_plots(tiny_workspace, monkeypatch):
+    monkeypatch.chdir(tiny_workspace)
+    assert main(["--params", evaluate_params(tiny_workspace)]) == 0
+    report = json.loads((tiny_workspace / "metrics" / "eval.json").read_text())
+    assert set(report["verifier"]) == {"id", "hash"} and report["corpus_hash"]
+    assert report["library_versions"]["torch"] == torch.__version__
+    assert set(report["drafters"]) == {"ar", "block", "eagle3"}
+    for kind, entry in report["drafters"].items():
+        assert entry["backend"] == "torch"
+        # bound to what it measured: promotion recomputes this hash and refuses on a difference
+        assert entry["drafter_identity"] == model_identity(tiny_workspace / "artifacts" / "drafters" / kind)
+        assert entry["mismatches"] == 0 and entry["lossless"] is True
+        assert set(entry["by_temperature"]) == {"0.0", "0.8"}
+        for domains in entry["by_temperature"].values():
+            assert set(domains) == {"code", "text"}
+            for metrics in domains.values():
+                assert DOMAIN_KEYS <= set(metrics)
+                assert metrics["prompts"] == 2 and metrics["tau"] >= 1.0
+                assert 0.0 <= metrics["acceptance_rate"] <= 1.0
+    assert "hf_assisted_tokens_per_s" in report["drafters"]["ar"]["by_temperature"]["0.0"]["code"]
+    greedy = report["drafters"]["ar"]["by_temperature"]["0.0"]["code"]
+    assert len(greedy["speedup_runs"]) == 3 and greedy["speedup"] == sorted(greedy["speedup_runs"])[1]
+    for name in ("eval_acceptance.csv", "eval_tau_hist.csv", "eval_acceptance.png", "eval_tau_hist.png"):
+        assert (tiny_workspace / "plots" / name).stat().st_size > 0
+    header = (tiny_workspace / "plots" / "eval_acceptance.csv").read_text().splitlines()[0]
+    assert header == "series,drafter,temperature,domain,position,acceptance"
+
+
+def test_missing_drafter_is_a_clear_error(tiny_workspace, monkeypatch, capsys, tmp_path):
+    empty = tmp_path / "empty"
+    (empty / "artifacts").mkdir(parents=True)
+    for name in ("verifier", "corpus"):
+        (empty / "artifacts" / name).symlink_to(tiny_workspace / "artifacts" / name)
+    monkeypatch.chdir(empty)
+    assert main(["--params", evaluate_params(empty, drafters=["block"])]) == 1
+    assert "drafter 'block' not found" in capsys.readouterr().err
+    assert not (empty / "metrics").exists()
+
+
+def test_onnx_backend_without_export_is_a_clear_error(tiny_workspace, monkeypatch, capsys):
+    monkeypatch.chdir(tiny_workspace)
+    assert main(["--params", evaluate_params(tiny_workspace, drafters=["ar"], backend="onnx")]) == 1
+    assert "model.onnx missing" in capsys.readouterr().err
+
+
+def test_generate_prints_highlighted_tokens_and_step_stats(tiny_workspace, monkeypatch, capsys):
+    from serve_eval.generate import main as generate_main
+
+    monkeypatch.chdir(tiny_workspace)
+    params = evaluate_params(tiny_workspace)
+    assert generate_main(["--params", params, "--prompt", "def add(a, b):", "--max-new-tokens", "6"]) == 0
+    err = capsys.readouterr().err
+    assert "step   0: drafted" in err and "tau (tokens per verifier forward, bonus included)" in err
+    assert generate_main(["--params", params, "--prompt", "The fox", "--drafter", "block",
+                          "--temperature", "0.8", "--max-new-tokens", "6"]) == 0
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--temperature", "nan"], "--temperature: must be in [0, 5]"),
+    (["--temperature", "-1"], "--temperature: must be in [0, 5]"),
+    (["--temperature", "inf"], "--temperature: must be in [0, 5]"),
+    (["--max-new-tokens", "0"], "--max-new-tokens: must be >= 1"),
+])
+def test_generate_rejects_bad_arguments(tiny_workspace, monkeypatch, capsys, args, expected):
+    from serve_eval.generate import main as generate_main
+
+    monkeypatch.chdir(tiny_workspace)
+    with pytest.raises(SystemExit) as info:
+        generate_main(["--params", evaluate_params(tiny_workspace), "--prompt", "x", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
+def test_generate_refuses_to_run_past_the_verifier_context(tiny_workspace, monkeypatch, capsys):
+    from serve_eval.generate import main as generate_main
+
+    monkeypatch.chdir(tiny_workspace)
+    assert generate_main(["--params", evaluate_params(tiny_workspace), "--prompt", "x", "--max-new-tokens", "100000"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "exceeds the verifier's context" in err and "\n" not in err
+
+
+def test_trust_remote_code_comes_from_params_not_the_artifact(tiny_workspace, monkeypatch):
+    """Editing artifacts/verifier/verifier.json must never switch on running a model's own code."""
+    import data_prep.verifier as verifier_module
+    from pipeline.paths import ArtifactPaths
+
+    record_path = tiny_workspace / "artifacts" / "verifier" / "verifier.json"
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps({**record, "trust_remote_code": True}))
+    seen = []
+    monkeypatch.setattr(verifier_module, "load_model_and_tokenizer",
+                        lambda location, dtype, trust_remote_code, allow_pickle_weights: seen.append(trust_remote_code))
+    try:
+        paths = ArtifactPaths(tiny_workspace / "artifacts", tiny_workspace, tiny_workspace)
+        verifier_module.load_verifier(paths)
+        verifier_module.load_verifier(paths, trust_remote_code=True)
+    finally:
+        record_path.write_text(json.dumps(record))
+    assert seen == [False, True]
+
+
+def test_speedup_is_the_median_repeat_and_its_spread_is_recorded():
+    from pipeline.drafters.speculative_loop import Generation
+    from serve_eval.cell_sums import CellSums
+
+    tally = CellSums()
+    for repeat, (spec_s, base_s) in enumerate([(1.0, 2.0), (4.0, 2.0), (1.0, 1.5)]):  # one repeat hit by load
+        spec, base = Generation([1], [5] * 8, wall_s=spec_s), Generation([1], [5] * 8, wall_s=base_s)
+        if repeat == 0:
+            tally.add(spec, base)
+        tally.add_time(repeat, spec, base)
+    metrics = tally.metrics()
+    assert metrics["speedup_runs"] == [2.0, 0.5, 1.5] and metrics["speedup"] == 1.5
+    assert metrics["speedup_spread"] == 1.0  # (2.0 - 0.5) / 1.5
+
+
+def test_evaluate_says_when_the_timing_is_too_noisy(tiny_workspace, monkeypatch, capsys):
+    monkeypatch.chdir(tiny_workspace)
+    params = evaluate_params(tiny_workspace, temperatures=[0.0], drafters=["ar"], peer_baseline=False,
+                             max_speedup_spread=1e-9)
+    assert main(["--params", params]) == 0
+    assert "too noisy for the speed gate to decide" in capsys.readouterr().err
