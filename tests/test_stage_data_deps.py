@@ -157,8 +157,9 @@ def stage_reads(tmp_path_factory) -> dict[str, set[str]]:
 @pytest.mark.parametrize("name", READERS)
 def test_a_stage_reads_only_its_deps_and_every_data_dep(stage_reads, name):
     reads = stage_reads[name]
-    assert not undeclared(reads, STAGES[name], PROJECT), f"{name} reads files its dvc.yaml deps do not list"
-    assert not unread(reads, STAGES[name], PROJECT), f"{name} lists data deps it never reads"
+    missing, idle = undeclared(reads, STAGES[name], PROJECT), unread(reads, STAGES[name], PROJECT)
+    assert not missing, f"{name} reads what its deps do not list (see pipeline/dvc_pipeline.py): {missing}"
+    assert not idle, f"{name} lists data deps it never reads: {idle}"
 
 
 @pytest.mark.slow
