@@ -133,7 +133,7 @@ def vllm_reads(root: Path) -> set[str]:
     """What vLLM loads in serve_check, which runs in the serving env and is not audited here: the verifier
     and the drafter each export's vllm.json names."""
     reads = set()
-    for kind in PARAMS.get("export", {}).get("kinds", KIND_SPECS):
+    for kind in PARAMS["export"].get("kinds", KIND_SPECS):
         job = json.loads((root / PROJECT["artifacts_dir"] / "export" / kind / "vllm.json").read_text())
         for path in (job["model"], job["speculative_config"]["model"]):
             reads.add(Path(path).relative_to(root).as_posix())
@@ -146,7 +146,7 @@ READERS = [name for name, stage in STAGES.items() if declared(stage, PROJECT)[0]
 
 @pytest.fixture(scope="module")
 def stage_reads(tmp_path_factory) -> dict[str, set[str]]:
-    root = tmp_path_factory.mktemp("data_deps")
+    root = tmp_path_factory.mktemp("data_deps").resolve()  # as the stages' os.getcwd() spells it
     build_workspace(root)
     reads = {name: run_stage(root, name) for name in READERS}
     reads["serve_check"] |= vllm_reads(root)
