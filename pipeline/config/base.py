@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Callable, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 # Drafter kinds by name; each has its package under pipeline/drafters/ (kinds.py maps name -> kind).
 DrafterName = Literal["ar", "block", "eagle3"]
@@ -20,6 +20,11 @@ SECTION_NAMES = ("project", "verifier", "corpus", "train", "export", "evaluate",
 # A domain is whatever the corpus sources call it; no dots, since metrics are keyed `<domain>.<metric>`.
 DOMAIN_PATTERN = r"^[A-Za-z0-9_-]+$"
 DomainName = Annotated[str, StringConstraints(pattern=DOMAIN_PATTERN)]
+# Seeds feed torch generators (uint64) after offsets and products (`seed * 100_003 + epoch`) and Lightning's
+# seed_everything (uint32, which silently picks a random seed past it): the uint32 range keeps all of them valid.
+SEED_MAX = 2**32 - 1
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+
 # The built-in sources' domain when they name none.
 STDLIB_DOMAINS = {"stdlib_code": "code", "stdlib_text": "text"}
 
