@@ -39,7 +39,7 @@ def test_repo_params_yaml_is_valid():
         ({"corpus": {"split": {"validation": 0.3, "test": 0.3}}}, "leaves less than half the prompts to train on"),
         ({"train": {"block": {"target_layer_ids": [0, 9]}}}, "out of range for the 6-layer bootstrap verifier"),
         ({"train": {"block": {"target_layer_ids": [1, 1]}}}, "must be distinct layer indices"),
-        # issue 35: inputs checked where they enter
+        # inputs checked where they enter: output dirs, seeds, room for a draft
         ({"project": {"artifacts_dir": ""}}, "project: artifacts_dir is empty"),
         ({"project": {"metrics_dir": "  "}}, "project: metrics_dir is empty"),
         ({"project": {"artifacts_dir": "/", "allow_system_dirs": True}}, "artifacts_dir '/' is the filesystem root"),
@@ -132,7 +132,7 @@ def test_unreadable_params_files_give_one_line(tmp_path, content, expected):
 
 
 def test_yaml_merge_keys_load_and_duplicates_stay_refused(tmp_path):
-    """issue 35: `<<: *anchor` was refused as not valid YAML (the duplicate-key loader dropped merging)."""
+    """`<<: *anchor` was once refused as not valid YAML (the duplicate-key loader dropped merging)."""
     path = tmp_path / "params.yaml"
     path.write_text("evaluate: &shared\n  seed: 3\n  max_new_tokens: 16\n"
                     "corpus:\n  <<: *shared\n  max_new_tokens: 32\n")

@@ -184,12 +184,12 @@ def _external(tmp_path: Path, name_or_path: str, capsys) -> str:
 
 
 def test_a_directory_that_is_not_a_model_is_refused_without_walking_it(tmp_path, capsys):
-    """issue 35: `verifier.name_or_path: /` walked the filesystem into PermissionError: '/proc/1/cwd'."""
+    """`verifier.name_or_path: /` once walked the filesystem into PermissionError: '/proc/1/cwd'."""
     assert "not a model checkpoint (no config.json" in _external(tmp_path, "/", capsys)
 
 
 def test_a_verifier_without_tokenizer_files_is_refused(tmp_path, tiny_verifier_dir, capsys):
-    """issue 35: accepted, then build_corpus wrote an empty corpus (0 prompts in 0 shards)."""
+    """Once accepted, after which build_corpus wrote an empty corpus (0 prompts in 0 shards)."""
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     for name in ("config.json", "generation_config.json", "model.safetensors"):

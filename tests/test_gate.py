@@ -139,7 +139,7 @@ def _noisy(candidate: dict, domain: str, spread: float) -> dict:
 
 
 def test_a_speed_check_inside_the_timing_noise_is_undecided_not_a_rejection():
-    """issue 35: evaluate called the timing too noisy (spread 26-248%), the gate still rejected."""
+    """evaluate called the timing too noisy (spread 26-248%) and the gate still rejected: no more."""
     decision = decide(_noisy({**GOOD, "code.speedup": 0.9}, "code", 0.6), CONFIG)
     assert not decision.promote and decision.reasons == [] and decision.outcome == "undecided"
     assert len(decision.undecided) == 1 and "code.speedup" in decision.undecided[0]

@@ -521,7 +521,7 @@ def test_manual_promote_without_force_never_rewrites_a_recorded_decision(tmp_pat
     assert registry.alias_version(ws.name("ar"), CHAMPION) is None
 
 
-# ------------------------------------------------------------------ issue 35: what the registry owns, new evidence
+# ------------------------------------------------------------------ what the registry owns; new evidence re-gates
 
 def _lossy_eval(tau: float) -> dict:
     return {**drafter_eval(tau, tau), "lossless": False, "mismatches": 5}

@@ -1,4 +1,4 @@
-"""Issue 35's tracebacks, each now one line, and a stage that dies with the `dvc repro` that started it.
+"""Failures that were tracebacks, each now one line, and a stage that dies with the `dvc repro` that started it.
 
 The stage runner (`pipeline.cli.run_stage`) is exercised in real child processes where the case is about
 processes, signals or file descriptors; the OS errors themselves come from the OS where it can produce them here.

@@ -24,18 +24,12 @@ class ServeCheckConfig(Section):
     engine_timeout_s: int = Field(1200, ge=30, description="wall-clock limit for one vLLM engine run")
 
 
-def draft_tokens(train, kind: str) -> int:
-    """k, the tokens a drafter of `kind` drafts per verifier step as export serves it (`num_speculative_tokens`
-    of its launch: pipeline/drafters/<kind>/serving.py)."""
-    return {"ar": train.ar.draft_tokens, "block": train.block.block_size - 1, "eagle3": train.eagle3.draft_tokens}[kind]
-
-
 @cross_check("serve_check", "train", "export")
 def _room_for_a_draft(params) -> None:
     """With fewer than k+1 new tokens a request ends inside its first draft: vLLM's τ then reads ~1 and every
     drafter fails serve_check on a gap the drafter did not cause."""
     for kind in params.export.kinds:
-        k = draft_tokens(params.train, kind)
+        k = getattr(params.train, kind).draft_tokens  # as export serves it: num_speculative_tokens
         if params.serve_check.max_new_tokens < k + 1:
             raise ValueError(f"serve_check.max_new_tokens {params.serve_check.max_new_tokens} is less than one draft "
                              f"of the {kind} drafter plus its bonus token ({k} + 1); raise it (a few drafts: "

@@ -370,7 +370,8 @@ def demote_refused_champion(registry: Registry, params: PromoteParams, evaluatio
     """serve_check now refuses the checkpoint that is the champion: the same new evidence as a failing
     gate. Returns what happened to the alias, or None when the checkpoint is not the champion."""
     name = registered_model_name(params.promote.model_name_prefix, evaluation.verifier_id, kind)
-    if registry.registered_model(name) is None or not registry.owns(registry.registered_model(name)):
+    model = registry.registered_model(name)
+    if model is None or not registry.owns(model):  # not draftline's: its aliases are not ours to move
         return None
     champion = registry.alias_version(name, CHAMPION)
     if champion is None or champion.tags.get(TAG_MODEL_IDENTITY) != identity:
