@@ -313,6 +313,10 @@ def resolve_external(config: VerifierConfig) -> Path:
     """A local directory, or the snapshot of a model already in the local HF cache."""
     location = Path(config.name_or_path).expanduser()
     if location.is_dir():
+        # checked before anything reads the tree: `/` would otherwise be walked file by file
+        if not (location / "config.json").is_file():
+            raise DraftlineError(f"verifier.name_or_path '{config.name_or_path}' is a directory but not a model "
+                                 "checkpoint (no config.json in it); point it at the directory holding the model")
         return location.resolve()
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
@@ -326,11 +330,25 @@ def resolve_external(config: VerifierConfig) -> Path:
         ) from None
 
 
+def check_tokenizer_fits(location: Path, tokenizer: PreTrainedTokenizerBase, embedding_rows: int) -> None:
+    """Every later stage tokenizes with the verifier's tokenizer. A directory without tokenizer files still
+    loads one (transformers builds an empty tokenizer for the model type), and build_corpus would then write
+    an empty corpus; ids past the embedding rows are an IndexError mid-stage."""
+    if not tokenizer("The verifier's tokenizer encodes text.", add_special_tokens=False)["input_ids"]:
+        raise DraftlineError(f"verifier {location}: its tokenizer encodes text to no ids (no tokenizer files in the "
+                             "directory?); save the model's tokenizer there (tokenizer.save_pretrained)")
+    if len(tokenizer) > embedding_rows:
+        raise DraftlineError(f"verifier {location}: its tokenizer has {len(tokenizer)} ids but the model has "
+                             f"{embedding_rows} embedding rows (ids past them cannot be embedded); use the "
+                             "tokenizer the model was trained with")
+
+
 def record_external(params: VerifierParams, paths: ArtifactPaths) -> None:
     config = params.verifier
     location = resolve_external(config)
-    model, _ = load_model_and_tokenizer(str(location), config.dtype, config.trust_remote_code,
-                                        config.allow_pickle_weights)
+    model, tokenizer = load_model_and_tokenizer(str(location), config.dtype, config.trust_remote_code,
+                                                config.allow_pickle_weights)
+    check_tokenizer_fits(location, tokenizer, model.get_input_embeddings().num_embeddings)
     with atomic_dir(paths.verifier) as tmp:
         record = write_record(tmp, source="hf", name_or_path=str(location), id_prefix=Path(config.name_or_path).name,
                               trust_remote_code=config.trust_remote_code, model_dir=location)

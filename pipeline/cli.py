@@ -7,16 +7,20 @@ Each stage module owns its argument parser and exposes `main(argv)`; this file o
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import importlib
 import importlib.metadata
 import math
 import os
+import signal
 import sys
-from typing import Callable, Sequence
+import threading
+from typing import Callable, Iterator, Sequence
 
 from pipeline.config.base import DEFAULT_PARAMS_PATH, DRAFTER_NAMES
 from pipeline.config.loader import Schema, load_params
-from pipeline.errors import DraftlineError
+from pipeline.errors import DraftlineError, Terminated, describe_os_error
 
 # subcommand -> (module with main(argv), one-line description)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -69,6 +73,54 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent() -> None:
+    """The kernel sends this process SIGTERM when its parent exits, even by SIGKILL (Linux; elsewhere a no-op).
+    Also a `preexec_fn`: the child it runs in dies with the process that started it."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _stage_signals() -> Iterator[None]:
+    """SIGTERM unwinds the stage like Ctrl-C (cleanup runs, one line, exit 143); the previous handler is
+    restored after (a test calling `main` in-process keeps its own).
+
+    Under `dvc repro` (DVC sets DVC_STAGE) the stage also dies with DVC: a `kill -TERM` of dvc otherwise
+    leaves it running with parent 1, later overwriting outputs DVC no longer knows about. PR_SET_PDEATHSIG
+    rather than a watchdog polling os.getppid(): the kernel signals at once, even when DVC is SIGKILLed, and
+    no thread has to poll in every stage. DVC runs the command through `$SHELL -c`, which execs a single
+    command, so the parent is DVC itself. Only under DVC: a stage started by hand (`nohup draftline train &`)
+    must outlive the shell that started it."""
+    if "DVC_STAGE" in os.environ:
+        die_with_parent()
+    if threading.current_thread() is not threading.main_thread():  # signals are handled on the main thread only
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _flush_stdout() -> None:
+    """Flush stdout now, while a failure (`>/dev/full`, a closed pipe) is still one line: at exit Python would
+    print its own 'Exception ignored' report. After a failure stdout points at /dev/null, so that the exit
+    flush of what is still buffered succeeds."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise
+
+
 def run_stage(
     parser: argparse.ArgumentParser,
     schema: type[Schema],
@@ -80,16 +132,23 @@ def run_stage(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parser.parse_args(argv)
     try:
-        params = load_params(schema, args.params)
-        run(params, args)
+        with _stage_signals():
+            params = load_params(schema, args.params)
+            run(params, args)
+            _flush_stdout()
     except DraftlineError as error:
         return report_error(error)
-    except KeyboardInterrupt:
+    except OSError as error:  # a full disk, a read-only dir, a file where a dir belongs: the OS names it
+        with contextlib.suppress(OSError):
+            _flush_stdout()
+        return report_error(DraftlineError(describe_os_error(error)))
+    except KeyboardInterrupt as interrupt:
         from pipeline.progress import close_progress_bars
 
         close_progress_bars()
-        print("draftline: interrupted", file=sys.stderr)
-        return 130
+        terminated = isinstance(interrupt, Terminated)
+        print(f"draftline: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     return 0
 
 

@@ -1,5 +1,6 @@
 """User-facing errors: the CLI prints them as one line and exits non-zero, without a traceback."""
 
+import errno
 import urllib.parse
 
 
@@ -25,3 +26,21 @@ def redact_url(url: str) -> str:
     except ValueError:
         return "<a URL with credentials>"
     return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where it lands: cleanup written for Ctrl-C runs for it too, and the CLI exits 143
+    (128 + SIGTERM) rather than Ctrl-C's 130, so a supervisor sees which one stopped the stage."""
+
+
+def describe_os_error(error: OSError) -> str:
+    """An OSError that escaped a stage as one line that names the file and what to do about it."""
+    where = error.filename if error.filename is not None else "standard output"
+    reason = error.strerror or type(error).__name__
+    if error.errno == errno.ENOSPC:
+        return f"no space left on the disk holding {where} ({reason}); free space there (`df -h`) and rerun"
+    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write {where} ({reason}); make it writable (or point project dirs elsewhere) and rerun"
+    if error.errno == errno.ENOTDIR:
+        return f"{where}: part of this path is a file, not a directory ({reason}); remove or move that file"
+    return f"{where}: {reason}"

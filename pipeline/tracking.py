@@ -47,6 +47,7 @@ def check_store(uri: str) -> None:
     database = sqlite_path(uri)
     if database is not None and database.exists():
         _check_sqlite_store(database)
+    _check_database_driver(uri)
     if uri.startswith(("http://", "https://")):
         try:
             urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=SERVER_PROBE_TIMEOUT_S).close()
@@ -56,6 +57,27 @@ def check_store(uri: str) -> None:
                 f"MLflow tracking server {redact_url(uri)} is not reachable ({reason}); start it, or fix "
                 "tracking.uri / $MLFLOW_TRACKING_URI"
             ) from None
+
+
+# MLflow's database stores (sqlalchemy URLs); any other scheme is a server or a file store
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql", "sqlite")
+
+
+def _check_database_driver(uri: str) -> None:
+    """A database URI needs its Python driver (`postgresql://` → psycopg2): without it MLflow fails with a
+    ModuleNotFoundError traceback from deep inside sqlalchemy."""
+    if uri.split(":", 1)[0].split("+", 1)[0] not in DATABASE_SCHEMES:
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(uri).get_dialect().import_dbapi()
+    except (ImportError, NoSuchModuleError, ArgumentError) as error:
+        missing = getattr(error, "name", None) or str(error).splitlines()[0]
+        raise DraftlineError(f"tracking URI {redact_url(uri)} needs the database driver '{missing}', which is not "
+                             "installed in this environment; install the package that provides it (or name another driver: "
+                             "`postgresql+<driver>://`), or use tracking.uri: sqlite:///mlflow.db") from None
 
 
 def _check_sqlite_store(database: Path) -> None:

@@ -116,11 +116,14 @@ def run(params: EvaluateParams, args: argparse.Namespace) -> dict:
                     draft_tokens=proposer.draft_tokens if use_peer else 0, repeats=config.timing_repeats)
                 tallies[(kind, key, domain)] = tally
                 entry["by_temperature"][key][domain] = metrics = tally.metrics()
-                if metrics["speedup_spread"] > config.max_speedup_spread:
+                # recorded, not only warned about: promote leaves a speed check inside this noise undecided
+                metrics["speedup_noisy"] = metrics["speedup_spread"] > config.max_speedup_spread
+                if metrics["speedup_noisy"]:
                     warn(f"{kind} T={key} {domain}: speedup {metrics['speedup']:.2f}x varies by "
                          f"{metrics['speedup_spread']:.0%} over {config.timing_repeats} repeats (limit "
-                         f"{config.max_speedup_spread:.0%}): the machine is too noisy for the speed gate to decide; "
-                         "re-run evaluate on a quieter machine or raise evaluate.timing_repeats")
+                         f"{config.max_speedup_spread:.0%}): the machine is too noisy for the speed gate to decide "
+                         "(promote leaves the speed check undecided); re-run evaluate on a quieter machine or raise "
+                         "evaluate.timing_repeats")
                 entry["mismatches"] += tally.mismatches
         entry["lossless"] = entry["mismatches"] == 0
         report["drafters"][kind] = entry

@@ -9,7 +9,6 @@ and on SIGTERM. If the stage itself is SIGKILLed, the kernel sends the server SI
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -22,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from pipeline.cli import die_with_parent
 from pipeline.config.corpus_config import VllmConfig
-from pipeline.errors import DraftlineError
+from pipeline.errors import DraftlineError, Terminated
 from pipeline.serving_venv import serve_python
 
 STOP_GRACE_S = 20.0
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -70,12 +69,6 @@ def serve_command(python: Path, model: str, config: VllmConfig, *, dtype: str, p
         *(["--trust-remote-code"] if trust_remote_code else []),
         *config.extra_args,
     ]
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the stage dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _log_tail(log_path: Path, lines: int = 1) -> str:
@@ -133,7 +126,7 @@ def wait_ready(process: subprocess.Popen, port: int, timeout_s: float, log_path:
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM unwinds like Ctrl-C, so the server is stopped on the way out."""
     def interrupt(signum, frame):
-        raise KeyboardInterrupt
+        raise Terminated
 
     try:
         previous = signal.signal(signal.SIGTERM, interrupt)
@@ -164,7 +157,7 @@ def vllm_server(model: str, config: VllmConfig, *, dtype: str, log_path: Path,
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with _sigterm_as_interrupt(), open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                                   env=env, start_new_session=True, preexec_fn=die_with_parent)
         try:
             wait_ready(process, port, config.startup_timeout_s, log_path)
             yield Server(f"http://127.0.0.1:{port}/v1", process.pid, dtype)

@@ -6,7 +6,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import Field, StrictBool, field_validator, model_validator
 
-from pipeline.config.base import STDLIB_DOMAINS, DomainName
+from pipeline.config.base import STDLIB_DOMAINS, DomainName, Seed
 from pipeline.config.sampling_config import SamplingConfig
 from pipeline.config.section import Section
 from pipeline.errors import redact_url
@@ -97,7 +97,7 @@ class CorpusConfig(Section):
     )
     batch_size: int = Field(16, ge=1)
     shard_size: int = Field(64, ge=1)
-    seed: int = Field(0, ge=0)
+    seed: Seed = 0
     split: SplitConfig = SplitConfig()
     # hf: generate in-process (the demo); vllm: start `vllm serve` from .venv-serve for the stage;
     # openai: already-running OpenAI-compatible servers listed in `endpoints` (one replica per node)

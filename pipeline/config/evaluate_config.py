@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, StrictBool, field_validator
 
-from pipeline.config.base import DRAFTER_NAMES, DrafterName
+from pipeline.config.base import DRAFTER_NAMES, DrafterName, Seed
 from pipeline.config.section import Section, unique
 
 
@@ -24,7 +24,7 @@ class EvaluateConfig(Section):
         "product of its positions' predicted acceptance falls below this (0: always draft the whole block)",
     )
     backend: Literal["torch", "onnx"] = "torch"
-    seed: int = Field(0, ge=0)
+    seed: Seed = 0
     peer_baseline: StrictBool = True
     timing_repeats: int = Field(
         3, ge=1, description="passes over the prompts, baseline and speculative interleaved; speedup is their median",

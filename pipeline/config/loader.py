@@ -71,12 +71,18 @@ def parse_params(data: object, schema: type[Schema], source: str = "params") -> 
         return schema.model_validate({name: value for name, value in data.items() if name in schema.model_fields})
     except ValidationError as error:
         raise ParamsError(_format_error(source, error)) from None
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML keeps the last of two equal keys; in params that hides which value is in effect."""
+    """PyYAML keeps the last of two equal keys; in params that hides which value is in effect. Merge keys
+    (`<<: *anchor`) are left to SafeLoader: a key written next to one overrides the merged value, as YAML says."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(

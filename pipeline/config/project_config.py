@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import StrictBool, model_validator
 
+from pipeline.config.base import Seed
 from pipeline.config.section import Section
 
 
 class ProjectConfig(Section):
-    seed: int = Field(0, ge=0)
+    seed: Seed = 0
     artifacts_dir: str = "artifacts"
     metrics_dir: str = "metrics"
     plots_dir: str = "plots"
@@ -19,6 +20,16 @@ class ProjectConfig(Section):
     allow_system_dirs: StrictBool = False
     # A relative dir climbing out of the project (`../../..`) is a typo far more often than a plan.
     allow_outside: StrictBool = False
+
+    @model_validator(mode="after")
+    def _not_empty_or_root(self) -> "ProjectConfig":
+        """Never allowed: DVC renders `${project.artifacts_dir}/verifier` with an empty dir as `/verifier`."""
+        for name, path in self.output_dirs().items():
+            if not getattr(self, name).strip():
+                raise ValueError(f"{name} is empty; name a directory inside the project")
+            if path.is_absolute() and path.resolve() == Path(path.anchor):
+                raise ValueError(f"{name} '{path}' is the filesystem root; name a directory inside the project")
+        return self
 
     @model_validator(mode="after")
     def _no_system_dirs(self) -> "ProjectConfig":

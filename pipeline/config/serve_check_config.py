@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, StrictBool
 
-from pipeline.config.section import Section
+from pipeline.config.section import Section, cross_check
 
 
 class ServeCheckConfig(Section):
@@ -22,3 +22,15 @@ class ServeCheckConfig(Section):
     kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU")
     enforce_eager: StrictBool = Field(True, description="skip vLLM's torch.compile warm-up (minutes on a small CPU)")
     engine_timeout_s: int = Field(1200, ge=30, description="wall-clock limit for one vLLM engine run")
+
+
+@cross_check("serve_check", "train", "export")
+def _room_for_a_draft(params) -> None:
+    """With fewer than k+1 new tokens a request ends inside its first draft: vLLM's τ then reads ~1 and every
+    drafter fails serve_check on a gap the drafter did not cause."""
+    for kind in params.export.kinds:
+        k = getattr(params.train, kind).draft_tokens  # as export serves it: num_speculative_tokens
+        if params.serve_check.max_new_tokens < k + 1:
+            raise ValueError(f"serve_check.max_new_tokens {params.serve_check.max_new_tokens} is less than one draft "
+                             f"of the {kind} drafter plus its bonus token ({k} + 1); raise it (a few drafts: "
+                             f"{4 * (k + 1)} or more)")

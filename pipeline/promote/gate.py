@@ -6,6 +6,9 @@ because that is what survives a round trip through MLflow tags, so a candidate r
 A missing or NaN metric fails every comparison it takes part in: it can never promote, and neither
 can a value no real evaluation produces (tau 1e308, an acceptance rate of 3): those mean a broken or
 edited eval.json, never a great drafter.
+A speed check on timings evaluate found too noisy (`<domain>.speedup_noisy`: spread past
+`evaluate.max_speedup_spread`) is undecided when the spread could carry it across its threshold: neither
+passed nor failed, and a decision with one (and no failure) is `undecided`, which never moves an alias.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Comparison:
     threshold: float | None
     passed: bool
     detail: str
+    undecided: bool = False  # a speed check inside the timing noise: not passed, not a failure
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -55,11 +59,17 @@ class GateDecision:
     comparisons: list[Comparison] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     champion_version: str | None = None
+    undecided: list[str] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        return "promoted" if self.promote else "rejected" if self.reasons else "undecided"
 
     def to_dict(self) -> dict:
         return {
             "promote": self.promote,
             "reasons": list(self.reasons),
+            "undecided": list(self.undecided),
             "champion_version": self.champion_version,
             "comparisons": [comparison.to_dict() for comparison in self.comparisons],
         }
@@ -70,7 +80,8 @@ class GateDecision:
             Comparison(**{**item, "value": _nan_if_none(item["value"]), "threshold": _nan_if_none(item["threshold"])})
             for item in data["comparisons"]
         ]
-        return cls(bool(data["promote"]), comparisons, list(data["reasons"]), data.get("champion_version"))
+        return cls(bool(data["promote"]), comparisons, list(data["reasons"]), data.get("champion_version"),
+                   list(data.get("undecided", [])))
 
 
 def _finite_or_none(value: float | None) -> float | None:
@@ -102,7 +113,26 @@ def gate_metrics(drafter_eval: Mapping) -> dict[str, float]:
             continue
         for name in REPORTED_METRICS:
             metrics[f"{domain}.{name}"] = _as_float(values.get(name))
+        if values.get("speedup_noisy") is True:  # absent (an older evaluation): decided as before
+            metrics[f"{domain}.speedup_noisy"] = 1.0
+            metrics[f"{domain}.speedup_spread"] = _as_float(values.get("speedup_spread"))
     return metrics
+
+
+def _within_noise(comparison: Comparison, candidate: Mapping[str, float]) -> Comparison:
+    """`comparison` made undecided when it checks a speedup evaluate called too noisy and the spread
+    of its repeats reaches across the threshold (a floor of 0 is decided whatever the noise)."""
+    domain, _, name = comparison.metric.rpartition(".")
+    value, threshold = comparison.value, comparison.threshold
+    if name != "speedup" or candidate.get(f"{domain}.speedup_noisy") != 1.0 or not is_finite(value) \
+            or not is_finite(threshold):
+        return comparison
+    spread = candidate.get(f"{domain}.speedup_spread", math.nan)
+    if threshold <= 0 or (is_finite(spread) and abs(value - threshold) > spread * value):
+        return comparison  # no speedup is below 0: that floor holds whatever the noise
+    return Comparison(comparison.check, comparison.metric, value, threshold, False,
+                      f"{comparison.detail}: undecided, the speedup varied by {spread:.0%} over evaluate's "
+                      "repeats (past evaluate.max_speedup_spread)", undecided=True)
 
 
 def _lossless_check(candidate: Mapping[str, float]) -> Comparison:
@@ -197,5 +227,8 @@ def decide(
                     metric, candidate.get(metric, math.nan), champion.get(metric, math.nan),
                     config.max_regression, champion_version or "?",
                 ))
-    reasons = [comparison.detail for comparison in comparisons if not comparison.passed]
-    return GateDecision(not reasons, comparisons, reasons, champion_version if champion is not None else None)
+    comparisons = [_within_noise(comparison, candidate) for comparison in comparisons]
+    reasons = [comparison.detail for comparison in comparisons if not comparison.passed and not comparison.undecided]
+    undecided = [comparison.detail for comparison in comparisons if comparison.undecided]
+    return GateDecision(not reasons and not undecided, comparisons, reasons,
+                        champion_version if champion is not None else None, undecided)

@@ -47,6 +47,12 @@ for _logger in ("mlflow", "alembic"):
 CHAMPION = "champion"
 PREVIOUS_CHAMPION = "previous_champion"
 
+TAG_OWNER = "draftline.owner"  # on the registered model: draftline created it (or was told to adopt it)
+OWNER = "draftline"
+ADOPT_FLAG = "--adopt-foreign-model"
+_DESCRIPTION = ("Speculative-decoding drafter registered by draftline; alias `champion` marks the version that "
+                "passed the promotion gate (or was forced by hand: see its gate.forced_reason tag).")
+
 TAG_KIND = "draftline.kind"
 TAG_EVAL_KEY = "draftline.eval_key"
 TAG_TRAIN_RUN = "draftline.train_run_id"
@@ -212,16 +218,38 @@ class Registry:
 
     # ----------------------------------------------------------------- registry
 
+    def registered_model(self, name: str) -> RegisteredModel | None:
+        try:
+            return self.client.get_registered_model(name)
+        except MlflowException:
+            return None
+
+    def owns(self, model: RegisteredModel) -> bool:
+        """Created by draftline: the owner tag, or (registered before that tag existed) draftline's
+        description with draftline's kind tag on every version."""
+        if model.tags.get(TAG_OWNER) == OWNER:
+            return True
+        versions = self.versions(model.name)
+        return (model.description or "").startswith(_DESCRIPTION[:40]) and all(TAG_KIND in v.tags for v in versions)
+
+    def check_owned(self, name: str, adopt: bool = False) -> None:
+        """A model of the same name that someone else registered is never gated against, aliased or
+        extended unless the user says so (`adopt`: it is tagged as draftline's from then on)."""
+        model = self.registered_model(name)
+        if model is None or self.owns(model):
+            return
+        if not adopt:
+            raise DraftlineError(
+                f"registered model '{name}' was not created by draftline (no {TAG_OWNER} tag, versions without "
+                f"{TAG_KIND}); set promote.model_name_prefix to another name, or pass {ADOPT_FLAG} to let "
+                "draftline register and move aliases in it"
+            )
+        self.client.set_registered_model_tag(name, TAG_OWNER, OWNER)
+
     def create_version(self, name: str, model: LoggedModel, run_id: str, tags: Mapping[str, str],
                        description: str) -> ModelVersion:
-        try:
-            self.client.get_registered_model(name)
-        except MlflowException:
-            self.client.create_registered_model(
-                name, description="Speculative-decoding drafter registered by draftline; alias `champion` "
-                "marks the version that passed the promotion gate "
-                "(or was forced by hand: see its gate.forced_reason tag)."
-            )
+        if self.registered_model(name) is None:
+            self.client.create_registered_model(name, tags={TAG_OWNER: OWNER}, description=_DESCRIPTION)
         return self.client.create_model_version(
             name, source=f"models:/{model.model_id}", run_id=run_id, tags=dict(tags),
             description=description, model_id=model.model_id,
@@ -233,6 +261,7 @@ class Registry:
         return min(found, key=lambda version: int(version.version)) if found else None
 
     def version(self, name: str, version: str) -> ModelVersion:
+        version = version_number(version)
         try:
             return self.client.get_model_version(name, str(version))
         except MlflowException:
@@ -261,13 +290,48 @@ class Registry:
     def set_champion(self, name: str, version: str) -> str | None:
         """Move `champion` to `version`; the version it leaves keeps `previous_champion`.
         Returns the previous champion's version (None when there was none or it is the same)."""
+        version = version_number(version)
         current = self.alias_version(name, CHAMPION)
-        if current is not None and str(current.version) == str(version):
+        if current is not None and str(current.version) == version:
             return None
         if current is not None:
             self.client.set_registered_model_alias(name, PREVIOUS_CHAMPION, str(current.version))
-        self.client.set_registered_model_alias(name, CHAMPION, str(version))
+        else:
+            self._drop_alias(name, PREVIOUS_CHAMPION, version)
+        self.client.set_registered_model_alias(name, CHAMPION, version)
         return str(current.version) if current is not None else None
+
+    def demote_champion(self, name: str, version: str) -> str | None:
+        """`version` loses `champion`; `previous_champion` (when another version holds it) becomes the
+        champion again and the alias is dropped, so it never names the champion. Returns the restored
+        version, or None (no champion left)."""
+        version = version_number(version)
+        current = self.alias_version(name, CHAMPION)
+        if current is None or str(current.version) != version:
+            return None
+        previous = self.alias_version(name, PREVIOUS_CHAMPION)
+        if previous is not None:
+            self.client.delete_registered_model_alias(name, PREVIOUS_CHAMPION)
+        if previous is None or str(previous.version) == version:
+            self.client.delete_registered_model_alias(name, CHAMPION)
+            return None
+        self.client.set_registered_model_alias(name, CHAMPION, str(previous.version))
+        return str(previous.version)
+
+    def _drop_alias(self, name: str, alias: str, version: str) -> None:
+        held = self.alias_version(name, alias)
+        if held is not None and str(held.version) == version:
+            self.client.delete_registered_model_alias(name, alias)
+
+
+def version_number(text: object) -> str:
+    """A registered version as MLflow numbers it: `1`, `27`. MLflow itself reads `00001` or `+1` as 1,
+    so a typed `00001` would pass every string comparison draftline makes against `1`."""
+    text = str(text)
+    if not re.fullmatch(r"[1-9][0-9]{0,17}", text):
+        raise DraftlineError(f"version must be a whole number like 1 or 12 (as `draftline registry show` lists "
+                             f"them), got '{text}'")
+    return text
 
 
 @contextlib.contextmanager

@@ -5,9 +5,13 @@ in the same experiment) holding the evaluation metrics, inputs and the serving c
 model, registered as a new version of `<prefix>-<verifier id>-<kind>`. The gate decides whether the
 `champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint identity), so rerunning on
 the same evaluation finds the version it registered before and changes nothing, unless the gate itself
-(`promote` thresholds) changed: then that version is gated again. A checkpoint already registered with
-other metrics is not registered again. A new verifier means a new registered model: its first
-promotion names the previous verifier's champion, which it is not compared against.
+(`promote` thresholds) or the evidence bound to it changed: then that version is gated again. A checkpoint
+already registered with other metrics is not registered again: its metric tags are replaced by the new
+evidence (eval.json numbers, serve_check's τ) and it is gated on them, so new evidence against a
+champion demotes it (the previous champion is restored, the reason tagged). A registered model of the
+same name that draftline did not create is refused unless `--adopt-foreign-model` is given. A new
+verifier means a new registered model: its first promotion names the previous verifier's champion,
+which it is not compared against.
 Metrics are bound to artifacts: eval.json and serving.json record the identities of the drafter, export
 and verifier they measured, and a drafter whose files differ now is refused before registration.
 With `serve_check.required` (the default) a drafter whose stage `serve_check` did not pass (it did not
@@ -45,7 +49,9 @@ from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
 from pipeline.promote.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics, is_finite
 from pipeline.promote.model_registry import (
+    ADOPT_FLAG,
     CHAMPION,
+    METRIC_TAG_PREFIX,
     PREVIOUS_CHAMPION,
     TAG_EVAL_KEY,
     TAG_GATE,
@@ -53,6 +59,7 @@ from pipeline.promote.model_registry import (
     TAG_GATE_REASONS,
     TAG_KIND,
     TAG_TRAIN_RUN,
+    ModelVersion,
     Registry,
     metric_tags,
     metrics_from_tags,
@@ -73,6 +80,8 @@ class PromoteParams(StageParams):
 
 DVC_LOCK = Path("dvc.lock")
 TAG_GATE_KEY = "gate.key"  # hash of the gate config (promote thresholds) the decision was made under
+TAG_DEMOTED = "gate.demoted_reason"  # why a champion lost the alias on new evidence
+SERVE_CHECK_TAG_PREFIX = "serve_check."
 
 
 def _evaluation_entry(entry: object) -> bool:
@@ -203,10 +212,20 @@ def served_tau(paths: ArtifactPaths, kind: str) -> dict[str, dict]:
 def served_tau_tags(paths: ArtifactPaths, kind: str) -> dict[str, str]:
     tags = {}
     for domain, taus in served_tau(paths, kind).items():
-        tags[tag_key(f"serve_check.{domain}.served_tau")] = str(taus["vllm_batched"])
-        tags[tag_key(f"serve_check.{domain}.served_tau_single")] = str(taus["vllm_single"])
-        tags[tag_key(f"serve_check.{domain}.draftline_tau")] = str(taus["draftline"])
+        tags[tag_key(f"{SERVE_CHECK_TAG_PREFIX}{domain}.served_tau")] = str(taus["vllm_batched"])
+        tags[tag_key(f"{SERVE_CHECK_TAG_PREFIX}{domain}.served_tau_single")] = str(taus["vllm_single"])
+        tags[tag_key(f"{SERVE_CHECK_TAG_PREFIX}{domain}.draftline_tau")] = str(taus["draftline"])
     return tags
+
+
+def evidence_tags(paths: ArtifactPaths, evaluation: Evaluation, kind: str) -> dict[str, str]:
+    """What the gate is decided on, as version tags: the evaluation's gate metrics and serve_check's τ."""
+    metrics = {**gate_metrics(evaluation.drafters[kind]), "max_tau": max_tau(paths, kind)}
+    return {**metric_tags(metrics), **served_tau_tags(paths, kind)}
+
+
+def recorded_evidence(tags: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in tags.items() if key.startswith((METRIC_TAG_PREFIX, SERVE_CHECK_TAG_PREFIX))}
 
 
 def run_metrics(drafter_eval: dict) -> dict[str, float | list[float]]:
@@ -235,7 +254,7 @@ def gate_key(params: PromoteParams) -> str:
 
 
 def _version_record(registry: Registry, name: str, version: str, decision: GateDecision,
-                    already_registered: bool, regated: bool = False) -> dict:
+                    already_registered: bool, regated: str | None = None) -> dict:
     current = registry.version(name, version)
     champion = registry.alias_version(name, CHAMPION)
     previous = registry.alias_version(name, PREVIOUS_CHAMPION)
@@ -243,15 +262,17 @@ def _version_record(registry: Registry, name: str, version: str, decision: GateD
         "model_name": name,
         "version": str(version),
         "model_uri": f"models:/{name}/{version}",
-        "decision": current.tags.get(TAG_GATE, "promoted" if decision.promote else "rejected"),
+        "decision": current.tags.get(TAG_GATE, decision.outcome),
         "promoted": decision.promote,
         "reasons": decision.reasons,
+        "undecided": decision.undecided,
         "comparisons": [comparison.to_dict() for comparison in decision.comparisons],
         "compared_with_champion": decision.champion_version,
         "champion_version": str(champion.version) if champion else None,
         "previous_champion_version": str(previous.version) if previous else None,
         "already_registered": already_registered,
-        "regated": regated,
+        "regated": regated is not None,
+        "regated_because": regated,
         "source": current.tags.get("draftline.source"),
         "source_path": current.tags.get("draftline.source_path"),
         "run_id": current.run_id,
@@ -264,7 +285,6 @@ def _register(registry: Registry, params: PromoteParams, paths: ArtifactPaths, e
     training = load_training(paths, kind, evaluation)
     lineage = training.get("lineage") or {}
     drafter_eval = evaluation.drafters[kind]
-    metrics = {**gate_metrics(drafter_eval), "max_tau": max_tau(paths, kind)}
     experiment_id = registry.experiment_id(params.tracking.experiment)
     train_run = registry.find_training_run(experiment_id, drafter_eval["drafter_identity"])
 
@@ -285,7 +305,6 @@ def _register(registry: Registry, params: PromoteParams, paths: ArtifactPaths, e
         **{tag_key(f"dvc.{stage}"): digest for stage, digest in dvc_stage_hashes().items()},
         **export_tags(paths, kind),
         **version_tags(),
-        **served_tau_tags(paths, kind),
     }
     if train_run is None:
         tags["draftline.train_run_found"] = "false"  # trained against another tracking store or experiment
@@ -300,7 +319,7 @@ def _register(registry: Registry, params: PromoteParams, paths: ArtifactPaths, e
             if path.is_file():
                 registry.client.log_artifact(run_id, str(path), artifact_path="inputs")
         version = registry.create_version(
-            name, model, run_id, {**tags, **metric_tags(metrics)},
+            name, model, run_id, {**tags, **evidence_tags(paths, evaluation, kind)},
             description=f"{kind} drafter for verifier {evaluation.verifier_id}, evaluated at "
             f"T={GATE_TEMPERATURE} (eval.json {evaluation.sha256[:12]}), checkpoint from {source}",
         )
@@ -315,25 +334,52 @@ def gate_version(registry: Registry, params: PromoteParams, name: str, version: 
     """Run the gate on a registered version against the current champion, then move aliases/tag it."""
     candidate = registry.version(name, version)
     champion = registry.alias_version(name, CHAMPION)
-    if champion is not None and str(champion.version) == version:
+    is_champion = champion is not None and str(champion.version) == version
+    if is_champion:
         champion = None  # a version never regresses against itself
     decision = decide(
         metrics_from_tags(candidate.tags), params.promote,
         metrics_from_tags(champion.tags) if champion else None,
         str(champion.version) if champion else None,
     )
-    if decision.promote:
-        registry.set_champion(name, version)
-    outcome = "promoted" if decision.promote else "rejected"
-    registry.tag_version(name, version, {
-        TAG_GATE: outcome,
-        TAG_GATE_REASONS: "; ".join(decision.reasons) or "all thresholds passed",
+    tags = {
+        TAG_GATE: decision.outcome,
+        TAG_GATE_REASONS: "; ".join(decision.reasons or decision.undecided) or "all thresholds passed",
         TAG_GATE_DECISION: json.dumps(decision.to_dict(), sort_keys=True),
         TAG_GATE_KEY: gate_key(params),
-    })
+    }
+    if decision.promote:
+        registry.set_champion(name, version)
+    elif is_champion and decision.reasons:  # undecided is no evidence against it: it stays champion
+        tags[TAG_DEMOTED] = demote(registry, name, version, "; ".join(decision.reasons))
+    registry.tag_version(name, version, tags)
     if candidate.run_id:
-        registry.client.set_tag(candidate.run_id, TAG_GATE, outcome)
+        registry.client.set_tag(candidate.run_id, TAG_GATE, decision.outcome)
     return decision
+
+
+def demote(registry: Registry, name: str, version: str, reason: str) -> str:
+    """The champion `version` fails on new evidence: it loses the alias; returns the reason as tagged."""
+    restored = registry.demote_champion(name, version)
+    back = f"v{restored} is champion again" if restored else "no previous champion to restore"
+    return f"lost champion: {reason} ({back})"
+
+
+def demote_refused_champion(registry: Registry, params: PromoteParams, evaluation: Evaluation, kind: str,
+                            identity: str, reason: str) -> str | None:
+    """serve_check now refuses the checkpoint that is the champion: the same new evidence as a failing
+    gate. Returns what happened to the alias, or None when the checkpoint is not the champion."""
+    name = registered_model_name(params.promote.model_name_prefix, evaluation.verifier_id, kind)
+    model = registry.registered_model(name)
+    if model is None or not registry.owns(model):  # not draftline's: its aliases are not ours to move
+        return None
+    champion = registry.alias_version(name, CHAMPION)
+    if champion is None or champion.tags.get(TAG_MODEL_IDENTITY) != identity:
+        return None
+    demoted = demote(registry, name, str(champion.version), reason)
+    registry.tag_version(name, str(champion.version), {TAG_GATE: "rejected", TAG_GATE_REASONS: reason,
+                                                        TAG_DEMOTED: demoted})
+    return f"{name} v{champion.version} {demoted}"
 
 
 def other_verifier_champion(registry: Registry, params: PromoteParams, name: str, kind: str) -> str | None:
@@ -350,32 +396,59 @@ def other_verifier_champion(registry: Registry, params: PromoteParams, name: str
     return None
 
 
+def regate_reason(existing: ModelVersion, evidence: dict[str, str], params: PromoteParams) -> str | None:
+    """Why a decided version is gated again: its evidence changed (even a forced one: the person decided
+    on the old evidence), or the thresholds did (a forced version is a person's decision: not then)."""
+    if recorded_evidence(existing.tags) != evidence:
+        return "new evaluation/serving evidence"
+    if existing.tags.get(TAG_GATE_KEY) != gate_key(params) and existing.tags.get(TAG_GATE) != "forced":
+        return "promote thresholds changed"
+    return None
+
+
+def replace_evidence(registry: Registry, existing: ModelVersion, evidence: dict[str, str],
+                     evaluation: Evaluation, eval_key: str) -> None:
+    """The version's evidence tags become `evidence` (tags the new evidence lacks are deleted)."""
+    name, version = existing.name, str(existing.version)
+    for key in set(recorded_evidence(existing.tags)) - set(evidence):
+        registry.client.delete_model_version_tag(name, version, key)
+    registry.tag_version(name, version, {**evidence, TAG_EVAL_KEY: eval_key, "draftline.eval_sha256": evaluation.sha256})
+
+
 def promote_drafter(registry: Registry, params: PromoteParams, paths: ArtifactPaths, evaluation: Evaluation,
-                    kind: str) -> dict:
+                    kind: str, adopt: bool = False) -> dict:
     name = registered_model_name(params.promote.model_name_prefix, evaluation.verifier_id, kind)
+    registry.check_owned(name, adopt)
     checkpoint, source = drafter_checkpoint(paths, kind)
     identity = model_identity(checkpoint)
     eval_key = hashlib.sha256(f"{evaluation.sha256}:{kind}:{identity}".encode()).hexdigest()[:32]
-    not_comparable = None if registry.alias_version(name, CHAMPION) else other_verifier_champion(
-        registry, params, name, kind)
+    champion_before = registry.alias_version(name, CHAMPION)
+    not_comparable = None if champion_before else other_verifier_champion(registry, params, name, kind)
 
     existing = registry.find_version(name, eval_key) or registry.find_version(name, identity, TAG_MODEL_IDENTITY)
+    evidence = evidence_tags(paths, evaluation, kind)
     decided = existing is not None and TAG_GATE_DECISION in existing.tags
-    # a forced version is a person's decision: no threshold change overrides it
-    if decided and (existing.tags.get(TAG_GATE_KEY) == gate_key(params) or existing.tags.get(TAG_GATE) == "forced"):
+    regated = regate_reason(existing, evidence, params) if decided else None
+    demoted = None
+    if decided and regated is None:
         decision = GateDecision.from_dict(json.loads(existing.tags[TAG_GATE_DECISION]))
-        version, already_registered, regated = str(existing.version), True, False
+        version, already_registered = str(existing.version), True
     else:
-        # A version without a decision is left over from an interrupted run, one decided under other
-        # thresholds is re-gated under these: gate it again, don't duplicate it.
+        # A version without a decision is left over from an interrupted run, one decided on other
+        # evidence or thresholds is re-gated on these: gate it again, don't duplicate it.
+        if existing is not None and recorded_evidence(existing.tags) != evidence:
+            replace_evidence(registry, existing, evidence, evaluation, eval_key)
         version = str(existing.version) if existing is not None else _register(
             registry, params, paths, evaluation, kind, name, eval_key, checkpoint, source, identity
         )
         decision = gate_version(registry, params, name, version)
-        already_registered, regated = existing is not None, decided
+        already_registered = existing is not None
+        if champion_before is not None and str(champion_before.version) == version and decision.reasons:
+            demoted = registry.version(name, version).tags.get(TAG_DEMOTED)
     record = _version_record(registry, name, version, decision, already_registered=already_registered,
                              regated=regated)
     record["other_verifier_champion"] = not_comparable
+    record["demoted"] = demoted
     return record
 
 
@@ -491,19 +564,29 @@ def comparisons_table(title: str, comparisons: list[dict]) -> Table:
             comparison["check"], comparison["metric"],
             "missing/NaN" if value is None else f"{value:.4g}",
             "-" if threshold is None else f"{threshold:.4g}",
-            "[green]yes[/]" if comparison["passed"] else "[red]no[/]",
+            "[green]yes[/]" if comparison["passed"] else "[yellow]undecided[/]" if comparison.get("undecided")
+            else "[red]no[/]",
         )
     return table
 
 
 def print_decision(kind: str, record: dict) -> None:
-    verdict = "[bold green]PROMOTED[/]" if record["promoted"] else "[bold red]REJECTED[/]"
-    rerun = (" (already registered: re-gated, promote thresholds changed)" if record["regated"]
+    verdict = ("[bold green]PROMOTED[/]" if record["promoted"] else "[bold red]REJECTED[/]" if record["reasons"]
+               else "[bold yellow]UNDECIDED[/]")
+    rerun = (f" (already registered: re-gated, {record['regated_because']})" if record["regated"]
              else " (already registered: no change)" if record["already_registered"] else "")
     title = f"{kind}: {record['model_name']} v{record['version']} {verdict}{rerun}"
     console.print(comparisons_table(title, record["comparisons"]))
     for reason in record["reasons"]:
         console.print(f"  [red]x[/] {reason}")
+    for reason in record.get("undecided", []):
+        console.print(f"  [yellow]?[/] {reason}")
+    if record.get("undecided") and not record["reasons"]:
+        console.print("  the speed gate cannot decide on timings this noisy (nothing registered as rejected, "
+                      "the aliases stay): rerun `dvc repro evaluate` (or `draftline evaluate`) on a quiet machine, "
+                      "or raise evaluate.timing_repeats, then promote again", soft_wrap=True)
+    if record.get("demoted"):
+        console.print(f"  [red]v{record['version']} {record['demoted']}[/]", soft_wrap=True)
     if record.get("other_verifier_champion"):
         console.print(f"  the champion under the previous verifier, {record['other_verifier_champion']}, is not "
                       f"comparable (another verifier): {record['model_name']} is gated on its own", soft_wrap=True)
@@ -517,14 +600,20 @@ def run(params: PromoteParams, args: argparse.Namespace) -> dict:
     evaluation = Evaluation.load(paths.metrics / "eval.json")
     kinds = sorted(evaluation.drafters)
     serving = read_serving(params, paths)
-    refusals = {**serve_check_refusals(params, serving, kinds), **binding_refusals(paths, evaluation, serving, kinds)}
+    binding = binding_refusals(paths, evaluation, serving, kinds)
+    refusals = {**serve_check_refusals(params, serving, kinds), **binding}
     uri = tracking_uri(params.tracking)
+    adopt = getattr(args, "adopt_foreign_model", False)
     with mlflow_errors(uri), registry_lock(uri):
         registry = Registry(uri)
-        records = {kind: promote_drafter(registry, params, paths, evaluation, kind)
+        records = {kind: promote_drafter(registry, params, paths, evaluation, kind, adopt)
                    for kind in sorted(evaluation.drafters) if kind not in refusals}
-    records.update({kind: {"promoted": False, "decision": "refused", "reasons": [reason]}
-                    for kind, reason in refusals.items()})
+        for kind, reason in refusals.items():
+            demoted = None
+            if kind not in binding:  # serve_check's verdict on the very files: evidence against a champion
+                demoted = demote_refused_champion(registry, params, evaluation, kind,
+                                                  model_identity(drafter_checkpoint(paths, kind)[0]), reason)
+            records[kind] = {"promoted": False, "decision": "refused", "reasons": [reason], "demoted": demoted}
     for kind, record in records.items():
         record["served_tau"] = served_tau(paths, kind)
     report = {
@@ -538,6 +627,8 @@ def run(params: PromoteParams, args: argparse.Namespace) -> dict:
     for kind, record in records.items():
         if record["decision"] == "refused":
             console.print(f"{kind}: [bold red]REFUSED[/] (not registered): {record['reasons'][0]}", highlight=False)
+            if record["demoted"]:
+                console.print(f"  [red]{record['demoted']}[/]", highlight=False, soft_wrap=True)
         else:
             print_decision(kind, record)
     console.print(f"MLflow UI: mlflow ui --backend-store-uri {redact_url(registry.uri)}")
@@ -546,6 +637,8 @@ def run(params: PromoteParams, args: argparse.Namespace) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("draftline promote", "Register evaluated drafters in MLflow and run the promotion gate.")
+    parser.add_argument(ADOPT_FLAG, action="store_true", help="register into (and move the aliases of) a registered "
+                        "model of the same name that draftline did not create; it is tagged as draftline's from then on")
     return run_stage(parser, PromoteParams, run, argv)
 
 

@@ -16,6 +16,7 @@ import json
 import sys
 from typing import Sequence
 
+from rich.console import Console
 from rich.table import Table
 
 from pipeline.cli import run_stage, stage_parser
@@ -24,6 +25,7 @@ from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
 from pipeline.promote.model_registry import (
+    ADOPT_FLAG,
     CHAMPION,
     PREVIOUS_CHAMPION,
     TAG_GATE,
@@ -34,6 +36,7 @@ from pipeline.promote.model_registry import (
     mlflow_errors,
     registered_model_name,
     registry_lock,
+    version_number,
 )
 from pipeline.promote.promote import Evaluation, PromoteParams, comparisons_table, gate_version
 from pipeline.tracking import tracking_uri
@@ -69,7 +72,13 @@ def list_models(registry: Registry, params: PromoteParams) -> None:
         aliases = _aliases(registry, model.name)
         table.add_row(model.name, str(len(registry.versions(model.name))),
                       aliases.get(CHAMPION, "-"), aliases.get(PREVIOUS_CHAMPION, "-"))
-    console.print(table if models else f"no registered drafters named '{params.promote.model_name_prefix}*' yet")
+    if not models:
+        console.print(f"no registered drafters named '{params.promote.model_name_prefix}*' yet")
+        return
+    # Names are what a user copies into `registry show/promote`: never cut to the console's width (80
+    # columns when stderr is not a terminal), the table grows past it instead.
+    wanted = console.measure(table, options=console.options.update_width(10_000)).maximum
+    Console(stderr=True, highlight=False, width=max(console.width, wanted)).print(table)
 
 
 def show_model(registry: Registry, name: str, version: str | None) -> None:
@@ -106,7 +115,8 @@ def show_model(registry: Registry, name: str, version: str | None) -> None:
 
 
 def promote_version(registry: Registry, params: PromoteParams, name: str, version: str, force: bool,
-                    reason: str | None) -> None:
+                    reason: str | None, adopt: bool = False) -> None:
+    registry.check_owned(name, adopt)
     recorded = registry.version(name, version).tags  # fails with a clear message when it does not exist
     champion = registry.alias_version(name, CHAMPION)
     if champion is not None and str(champion.version) == str(version):
@@ -119,7 +129,8 @@ def promote_version(registry: Registry, params: PromoteParams, name: str, versio
         return
     if not force:
         decision = gate_version(registry, params, name, version)
-        verdict = "promoted to champion" if decision.promote else "rejected: " + "; ".join(decision.reasons)
+        verdict = {"promoted": "promoted to champion", "rejected": "rejected: " + "; ".join(decision.reasons),
+                   "undecided": "undecided: " + "; ".join(decision.undecided)}[decision.outcome]
         console.print(f"{name} v{version}: gate {verdict}")
         return
     if not reason or not reason.strip():
@@ -140,13 +151,14 @@ def _run(params: PromoteParams, args: argparse.Namespace) -> None:
     # Reading needs no lock; promoting by hand moves aliases like `promote` does.
     with mlflow_errors(uri), (registry_lock(uri) if args.action == "promote" else contextlib.nullcontext()):
         registry = Registry(uri)
+        version = version_number(args.version) if getattr(args, "version", None) is not None else None
         if args.action == "list":
             list_models(registry, params)
         elif args.action == "show":
-            show_model(registry, resolve_model(params, args.model), args.version)
+            show_model(registry, resolve_model(params, args.model), version)
         else:
-            promote_version(registry, params, resolve_model(params, args.model), args.version, args.force,
-                            args.reason)
+            promote_version(registry, params, resolve_model(params, args.model), version, args.force,
+                            args.reason, args.adopt_foreign_model)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     promote.add_argument("version", help="version number")
     promote.add_argument("--force", action="store_true", help="skip the gate (needs --reason)")
     promote.add_argument("--reason", help="why the gate is overridden (recorded as a version tag)")
+    promote.add_argument(ADOPT_FLAG, action="store_true",
+                         help="promote in a registered model draftline did not create (tags it as draftline's)")
     return run_stage(parser, PromoteParams, _run, argv)
 
 

@@ -171,3 +171,39 @@ def test_bench_flops_count_matches_a_hand_count():
     attention = 64 * 32 * 2 + 2 * 64 * 32 * 1 + 32 * 2 * 64  # q, k+v, o
     matmul_params = 2 * (attention + 3 * 64 * 128) + 64 * 1000
     assert bench_verifier.training_flops_per_token(config) == 6 * matmul_params + 6 * 2 * 16 * 2 * 32
+
+
+def _external(tmp_path: Path, name_or_path: str, capsys) -> str:
+    """bootstrap_verifier on an external verifier that must be refused: its one error line."""
+    params = write_params(tmp_path, {"source": "hf", "name_or_path": name_or_path})
+    capsys.readouterr()
+    assert bootstrap_verifier.main(["--params", str(params)]) == 1
+    assert not (tmp_path / "artifacts" / "verifier").exists()
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "Traceback" not in error
+    return error
+
+
+def test_a_directory_that_is_not_a_model_is_refused_without_walking_it(tmp_path, capsys):
+    """`verifier.name_or_path: /` once walked the filesystem into PermissionError: '/proc/1/cwd'."""
+    assert "not a model checkpoint (no config.json" in _external(tmp_path, "/", capsys)
+
+
+def test_a_verifier_without_tokenizer_files_is_refused(tmp_path, tiny_verifier_dir, capsys):
+    """Once accepted, after which build_corpus wrote an empty corpus (0 prompts in 0 shards)."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        (model_dir / name).write_bytes((tiny_verifier_dir / name).read_bytes())
+    assert "encodes text to no ids" in _external(tmp_path, str(model_dir), capsys)
+
+
+def test_a_tokenizer_with_more_ids_than_embedding_rows_is_refused(tmp_path, capsys):
+    from tests.tiny_models import tiny_qwen3
+
+    model_dir = tmp_path / "model"
+    tokenizer = tiny_tokenizer()
+    tiny_qwen3(len(tokenizer) - 8, num_layers=2).save_pretrained(model_dir)  # 8 ids have no embedding row
+    tokenizer.save_pretrained(model_dir)
+    error = _external(tmp_path, str(model_dir), capsys)
+    assert f"has {len(tokenizer)} ids but the model has {len(tokenizer) - 8} embedding rows" in error

@@ -39,6 +39,16 @@ def test_repo_params_yaml_is_valid():
         ({"corpus": {"split": {"validation": 0.3, "test": 0.3}}}, "leaves less than half the prompts to train on"),
         ({"train": {"block": {"target_layer_ids": [0, 9]}}}, "out of range for the 6-layer bootstrap verifier"),
         ({"train": {"block": {"target_layer_ids": [1, 1]}}}, "must be distinct layer indices"),
+        # inputs checked where they enter: output dirs, seeds, room for a draft
+        ({"project": {"artifacts_dir": ""}}, "project: artifacts_dir is empty"),
+        ({"project": {"metrics_dir": "  "}}, "project: metrics_dir is empty"),
+        ({"project": {"artifacts_dir": "/", "allow_system_dirs": True}}, "artifacts_dir '/' is the filesystem root"),
+        ({"project": {"seed": 2**64}}, "project.seed: Input should be less than or equal to 4294967295"),
+        ({"corpus": {"seed": 2**63}}, "corpus.seed: Input should be less than or equal to 4294967295"),
+        ({"evaluate": {"seed": -1}}, "evaluate.seed: Input should be greater than or equal to 0"),
+        ({"serve_check": {"max_new_tokens": 4}, "train": {"ar": {"draft_tokens": 4}}, "export": {"kinds": ["ar"]}},
+         "serve_check.max_new_tokens 4 is less than one draft of the ar drafter plus its bonus token (4 + 1)"),
+        ({"serve_check": {"max_new_tokens": 7}}, "of the block drafter plus its bonus token (7 + 1)"),
     ],
 )
 def test_bad_params_give_one_line_naming_the_key(data, expected):
@@ -119,6 +129,18 @@ def test_unreadable_params_files_give_one_line(tmp_path, content, expected):
     with pytest.raises(ParamsError) as info:
         load_all(path)
     assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_yaml_merge_keys_load_and_duplicates_stay_refused(tmp_path):
+    """`<<: *anchor` was once refused as not valid YAML (the duplicate-key loader dropped merging)."""
+    path = tmp_path / "params.yaml"
+    path.write_text("evaluate: &shared\n  seed: 3\n  max_new_tokens: 16\n"
+                    "corpus:\n  <<: *shared\n  max_new_tokens: 32\n")
+    params = load_all(path)
+    assert params.corpus.seed == 3 and params.corpus.max_new_tokens == 32  # a key beside the merge overrides it
+    path.write_text("evaluate: &shared\n  seed: 3\ncorpus:\n  <<: *shared\n  seed: 1\n  seed: 2\n")
+    with pytest.raises(ParamsError, match="duplicate key 'seed'"):
+        load_all(path)
 
 
 def test_params_directory_is_a_clear_error(tmp_path):

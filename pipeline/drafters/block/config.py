@@ -96,6 +96,11 @@ class BlockDrafterConfig(Section):
             raise ValueError("confidence_head: true needs markov_rank > 0 (the DSpark layout)")
         return self
 
+    @property
+    def draft_tokens(self) -> int:
+        """k per verifier step as served (`num_speculative_tokens`): the block less its anchor position."""
+        return self.block_size - 1
+
 
 @cross_check("train", "verifier")
 def _target_layers_exist(params) -> None:

@@ -132,3 +132,38 @@ def test_gate_metrics_reads_the_mismatch_count():
     metrics = gate_metrics({"lossless": True, "mismatches": 5, "by_temperature": {}})
     assert metrics["lossless"] == 1.0 and metrics["mismatches"] == 5.0
     assert not decide({**GOOD, **metrics}, CONFIG).promote
+
+
+def _noisy(candidate: dict, domain: str, spread: float) -> dict:
+    return {**candidate, f"{domain}.speedup_noisy": 1.0, f"{domain}.speedup_spread": spread}
+
+
+def test_a_speed_check_inside_the_timing_noise_is_undecided_not_a_rejection():
+    """evaluate called the timing too noisy (spread 26-248%) and the gate still rejected: no more."""
+    decision = decide(_noisy({**GOOD, "code.speedup": 0.9}, "code", 0.6), CONFIG)
+    assert not decision.promote and decision.reasons == [] and decision.outcome == "undecided"
+    assert len(decision.undecided) == 1 and "code.speedup" in decision.undecided[0]
+    assert "undecided" in decision.undecided[0] and "60%" in decision.undecided[0]
+    # a noisy pass promotes nothing either: the noise reaches across the floor
+    assert decide(_noisy(GOOD, "code", 0.6), CONFIG).outcome == "undecided"
+    # round trip through the version tag keeps it undecided
+    restored = GateDecision.from_dict(json.loads(json.dumps(decision.to_dict())))
+    assert restored.outcome == "undecided" and restored.undecided == decision.undecided
+
+
+def test_noise_that_cannot_reach_the_threshold_still_decides():
+    assert decide(_noisy(GOOD, "code", 0.1), CONFIG).outcome == "promoted"  # 1.4 - 10% stays above 1.0
+    rejected = decide(_noisy({**GOOD, "code.speedup": 0.5}, "code", 0.3), CONFIG)  # 0.5 + 30% < 1.0
+    assert rejected.outcome == "rejected" and not rejected.undecided
+    assert decide(_noisy(GOOD, "text", 5.0), CONFIG).outcome == "promoted"  # text's speedup floor is 0
+    # another failure decides: a lossy drafter is rejected whatever its timing
+    assert decide(_noisy({**GOOD, "lossless": 0.0}, "code", 0.6), CONFIG).outcome == "rejected"
+
+
+def test_gate_metrics_carry_the_noise_flag_only_when_set():
+    entry = {"lossless": True, "mismatches": 0, "by_temperature": {"0.0": {
+        "code": {"tau": 2.0, "speedup": 1.1, "speedup_spread": 0.4, "speedup_noisy": True},
+        "text": {"tau": 2.0, "speedup": 1.1, "speedup_spread": 0.1, "speedup_noisy": False}}}}
+    metrics = gate_metrics(entry)
+    assert metrics["code.speedup_noisy"] == 1.0 and metrics["code.speedup_spread"] == 0.4
+    assert "text.speedup_noisy" not in metrics and "text.speedup_spread" not in metrics

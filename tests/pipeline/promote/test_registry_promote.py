@@ -418,3 +418,148 @@ def test_manual_promote_without_force_never_rewrites_a_recorded_decision(tmp_pat
     version = registry.version(ws.name("ar"), "1")
     assert version.tags["gate"] == "rejected" and version.tags["gate.decision"] == decision
     assert registry.alias_version(ws.name("ar"), CHAMPION) is None
+
+
+# ------------------------------------------------------------------ what the registry owns; new evidence re-gates
+
+def _lossy_eval(tau: float) -> dict:
+    return {**drafter_eval(tau, tau), "lossless": False, "mismatches": 5}
+
+
+def _two_versions(tmp_path: Path, tokenizer_dir: Path, label: str) -> tuple[Workspace, str]:
+    """v1 then a better v2: v2 champion, v1 previous_champion."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ws = _ready_workspace(tmp_path, store, label, tokenizer_dir, seed=1, tau=2.0)
+    assert _promoted(ws)["promoted"]
+    ws.write_ar_checkpoint(seed=2)
+    ws.write_eval({"ar": drafter_eval(2.5, 2.5)})
+    assert _promoted(ws)["champion_version"] == "2"
+    return ws, store
+
+
+def test_foreign_registered_model_is_refused_unless_adopted(tmp_path, tokenizer_dir, capsys, monkeypatch):
+    """A model of the same name registered by someone else (no draftline tags, aliased `champion`)."""
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ws = _ready_workspace(tmp_path, store, "foreign", tokenizer_dir)
+    Registry(store)  # migrate the store
+    client = MlflowClient(store, registry_uri=store)
+    client.create_registered_model(ws.name("ar"))
+    client.create_model_version(ws.name("ar"), source=str(tmp_path))
+    client.set_registered_model_alias(ws.name("ar"), CHAMPION, "1")
+    err = _failed_promotion(ws, capsys)
+    assert "was not created by draftline" in err and "--adopt-foreign-model" in err and "\n" not in err
+    assert len(Registry(store).versions(ws.name("ar"))) == 1
+    monkeypatch.chdir(tmp_path)  # registry promote of its version is refused the same way
+    assert registry_cmd.main(["--params", str(ws.params), "promote", "ar", "1", "--force", "--reason", "x"]) == 1
+    assert "was not created by draftline" in capsys.readouterr().err
+    assert promote.main(["--params", str(ws.params), "--adopt-foreign-model"]) == 0
+    assert len(Registry(store).versions(ws.name("ar"))) == 2
+    assert ws.promote()["drafters"]["ar"]["already_registered"]  # adopted: no flag needed any more
+
+
+@pytest.mark.parametrize("typed", ["00001", "1.0", "+1", "01", "one"])
+def test_version_arguments_are_exact_integers(tmp_path, tokenizer_dir, capsys, monkeypatch, typed):
+    ws, store = _two_versions(tmp_path, tokenizer_dir, "exact")
+    monkeypatch.chdir(tmp_path)
+    params = ["--params", str(ws.params)]
+    assert registry_cmd.main(params + ["promote", "ar", "1", "--force", "--reason", "rollback"]) == 0
+    capsys.readouterr()
+    assert registry_cmd.main(params + ["promote", "ar", typed, "--force", "--reason", "again"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"got '{typed}'" in err and "\n" not in err
+    assert registry_cmd.main(params + ["show", "ar", typed]) == 1
+    registry = Registry(store)
+    assert registry.alias_version(ws.name("ar"), CHAMPION).version == 1
+    assert registry.alias_version(ws.name("ar"), PREVIOUS_CHAMPION).version == 2  # the rollback alias kept
+
+
+def test_forcing_the_champion_again_keeps_the_rollback_alias(tmp_path, tokenizer_dir, monkeypatch):
+    ws, store = _two_versions(tmp_path, tokenizer_dir, "twice")
+    monkeypatch.chdir(tmp_path)
+    registry = Registry(store)
+    for _ in range(2):
+        assert registry_cmd.main(["--params", str(ws.params), "promote", "ar", "1", "--force", "--reason", "r"]) == 0
+    assert registry.alias_version(ws.name("ar"), CHAMPION).version == 1
+    assert registry.alias_version(ws.name("ar"), PREVIOUS_CHAMPION).version == 2
+    registry.set_champion(ws.name("ar"), "2")  # roll back to 2: the aliases swap, never coincide
+    assert registry.alias_version(ws.name("ar"), PREVIOUS_CHAMPION).version == 1
+
+
+def test_registry_list_prints_full_names_when_stderr_is_not_a_terminal(tmp_path, tokenizer_dir, capsys, monkeypatch):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ws = _ready_workspace(tmp_path, store, "a-verifier-with-a-long-name", tokenizer_dir)
+    params = yaml.safe_load(ws.params.read_text())
+    params["promote"]["model_name_prefix"] = "team-speculative-decoding-drafters"
+    ws.params.write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(tmp_path)
+    registry = Registry(store)
+    names = [f"team-speculative-decoding-drafters-{ws.verifier_id}-{kind}" for kind in ("ar", "block", "eagle3")]
+    for name in names:
+        registry.client.create_registered_model(name, tags={"draftline.owner": "draftline"})
+    capsys.readouterr()
+    assert registry_cmd.main(["--params", str(ws.params), "list"]) == 0
+    listed = capsys.readouterr().err
+    assert all(name in listed for name in names), listed
+
+
+def test_new_evidence_regates_and_demotes_the_champion(tmp_path, tokenizer_dir, capsys):
+    """The champion's checkpoint evaluated again: eval.json now reports 5 mismatches."""
+    ws, store = _two_versions(tmp_path, tokenizer_dir, "evidence")
+    ws.write_eval({"ar": _lossy_eval(2.5)})
+    capsys.readouterr()
+    ar = _promoted(ws)
+    out = " ".join(capsys.readouterr().err.split())  # rich wraps lines at 80 columns
+    assert ar["version"] == "2" and ar["regated"] and not ar["promoted"] and ar["decision"] == "rejected"
+    assert "new evaluation/serving evidence" in ar["regated_because"] and "no change" not in out
+    assert "mismatches 5" in out and "lost champion" in out and "v1 is champion again" in out
+    registry = Registry(store)
+    assert registry.alias_version(ws.name("ar"), CHAMPION).version == 1
+    assert registry.alias_version(ws.name("ar"), PREVIOUS_CHAMPION) is None
+    tags = registry.version(ws.name("ar"), "2").tags
+    assert tags["gate"] == "rejected" and "mismatches 5" in tags["gate.demoted_reason"]
+    assert tags["metric.mismatches"] == "5.0"
+    again = _promoted(ws)  # the same evidence again: the decision stands
+    assert again["already_registered"] and not again["regated"] and len(registry.versions(ws.name("ar"))) == 2
+
+
+def test_changed_serving_evidence_regates(tmp_path, tokenizer_dir):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ws = _ready_workspace(tmp_path, store, "served", tokenizer_dir)
+    assert _promoted(ws)["promoted"]
+    (ws.root / "metrics/serving.json").write_text(json.dumps({"concurrency": 8, "drafters": {"ar": {"domains": {
+        "code": {"batched": {"vllm": {"tau": 1.9}}, "single": {"vllm": {"tau": 1.9}}, "draftline": {"tau": 2.0}}}}}}))
+    ar = _promoted(ws)
+    assert ar["regated"] and ar["promoted"] and ar["version"] == "1"
+    assert Registry(store).version(ws.name("ar"), "1").tags["serve_check.code.served_tau"] == "1.9"
+
+
+def test_champion_refused_by_a_new_serve_check_loses_champion(tmp_path, tokenizer_dir, capsys):
+    ws, store = _two_versions(tmp_path, tokenizer_dir, "unserved")
+    params = yaml.safe_load(ws.params.read_text())
+    params["serve_check"]["required"] = True
+    ws.params.write_text(yaml.safe_dump(params))
+    (ws.root / "metrics/serving.json").write_text(json.dumps({"verifier_hash": ws.verifier_hash, "drafters": {
+        "ar": {**ws.measured("ar"), "status": "failed", "reason": "vLLM's outputs differ from the verifier's"}}}))
+    capsys.readouterr()
+    ar = _promoted(ws)
+    assert ar["decision"] == "refused" and "lost champion" in ar["demoted"] and "v1 is champion again" in ar["demoted"]
+    assert "lost champion" in " ".join(capsys.readouterr().err.split())
+    assert Registry(store).alias_version(ws.name("ar"), CHAMPION).version == 1
+
+
+def test_noisy_speed_is_undecided_not_registered_as_rejected(tmp_path, tokenizer_dir, capsys):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ws = _ready_workspace(tmp_path, store, "noisy", tokenizer_dir)
+    entry = drafter_eval(2.0, 2.0, speedup=0.95)  # below the floor 1.0, inside a 60% spread
+    for domain in entry["by_temperature"]["0.0"].values():
+        domain.update(speedup_noisy=True, speedup_spread=0.6)
+    ws.write_eval({"ar": entry})
+    capsys.readouterr()
+    ar = _promoted(ws)
+    out = " ".join(capsys.readouterr().err.split())
+    assert not ar["promoted"] and ar["decision"] == "undecided" and ar["reasons"] == [] and ar["undecided"]
+    assert "UNDECIDED" in out and "quiet machine" in out and "REJECTED" not in out
+    assert Registry(store).version(ws.name("ar"), "1").tags["gate"] == "undecided"
+    assert Registry(store).alias_version(ws.name("ar"), CHAMPION) is None
