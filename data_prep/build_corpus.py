@@ -38,19 +38,17 @@ from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.corpus_config import CorpusConfig
 from pipeline.config.sampling_config import SamplingConfig
-from pipeline.config.stage_params import StageParams
-from pipeline.config.verifier_config import VerifierConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import load_pretrained
 from pipeline.lineage import library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
+from pipeline.stage_inputs import InputParams, check_declared
 from pipeline.verifier_record import model_location, read_record, verifier_identity
 
 
-class CorpusParams(StageParams):
-    verifier: VerifierConfig = VerifierConfig()
-    corpus: CorpusConfig = CorpusConfig()
+class CorpusParams(InputParams):
+    """`verifier` and `corpus`: the sections whose named files are this stage's inputs too."""
 
 FEATURES = datasets.Features({
     "id": datasets.Value("string"),
@@ -343,6 +341,7 @@ def run(params: CorpusParams, args: argparse.Namespace) -> None:
     config = params.corpus
     paths = ArtifactPaths.from_params(params)
     start = time.perf_counter()
+    check_declared("build_corpus", params)
     datasets.disable_progress_bars()  # one progress bar (ours) per stage
     record = read_record(paths)
     location = model_location(paths, record)
