@@ -32,25 +32,23 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from data_prep.corpus import COLUMNS, SPLITS, STATS_NAME
 from data_prep.engines import Engine, Request, open_engine
-from data_prep.sources import collect_prompts, split_of, stable_hash
+from data_prep.sources import Prompt, collect_prompts, split_of, stable_hash
 from data_prep.verifier import load_verifier
 from pipeline.atomic import atomic_dir, write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.corpus_config import CorpusConfig
 from pipeline.config.sampling_config import SamplingConfig
-from pipeline.config.stage_params import StageParams
-from pipeline.config.verifier_config import VerifierConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import load_pretrained
 from pipeline.lineage import library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
+from pipeline.stage_inputs import InputParams, check_declared
 from pipeline.verifier_record import model_location, read_record, verifier_identity
 
 
-class CorpusParams(StageParams):
-    verifier: VerifierConfig = VerifierConfig()
-    corpus: CorpusConfig = CorpusConfig()
+class CorpusParams(InputParams):
+    """`verifier` and `corpus`: the sections whose named files are this stage's inputs too."""
 
 FEATURES = datasets.Features({
     "id": datasets.Value("string"),
@@ -123,24 +121,79 @@ def served_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str, max_tokens:
     return full[-max_tokens:]  # specials that change the text's own tokens: keep the tail as encoded
 
 
-def work_items(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> list[WorkItem]:
-    """Prompts truncated to their last `prompt_max_tokens` tokens, ordered by length so batches pad little.
+@dataclass
+class PromptFit:
+    """How many prompt text tokens an item keeps, and how many prompts the verifier's positions cut.
+
+    A prompt plus its `max_new_tokens` response must fit the verifier's positions: a longer one would be
+    answered past the positions the model was trained on, and such a row would teach the drafter noise."""
+
+    limit: int
+    positions: int | None = None
+    room: int | None = None  # positions less max_new_tokens: the most prompt ids, special tokens included
+    cut: int = 0  # prompts whose text was cut shorter than prompt_max_tokens to fit the positions
+    dropped: int = 0  # prompts that did not fit even cut
+
+    @classmethod
+    def for_verifier(cls, config: CorpusConfig, positions: int | None) -> "PromptFit":
+        if positions is None:
+            return cls(config.prompt_max_tokens)
+        room = positions - config.max_new_tokens
+        if room < 1:
+            raise DraftlineError(f"corpus.max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the "
+                                 f"verifier's {positions} positions; lower it")
+        return cls(min(config.prompt_max_tokens, room), positions, room)
+
+
+def verifier_positions(location: str) -> int | None:
+    """The verifier's positions from its config.json (None where it names none)."""
+    try:
+        config = json.loads((Path(location) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for section in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            if isinstance(section.get(key), int) and section[key] > 0:
+                return section[key]
+    return None
+
+
+def prompt_ids_within(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, text_ids: list[int],
+                      limit: int) -> tuple[list[int], str | None]:
+    """The ids served for the last `limit` text tokens, and the chat turn they came from (None: plain)."""
+    if prompt.chat and tokenizer.chat_template:
+        chat_text = tokenizer.decode(text_ids[-limit:])
+        return chat_prompt_ids(tokenizer, chat_text), chat_text
+    return served_prompt_ids(tokenizer, prompt.prompt, limit), None
+
+
+def work_items(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase, fit: PromptFit | None = None) -> list[WorkItem]:
+    """Prompts truncated to their last `prompt_max_tokens` tokens (fewer where `fit` says the verifier's
+    positions need it), ordered by length so batches pad little.
 
     A prompt is encoded as the verifier is served: with the tokenizer's own special tokens (BOS), or,
     for a chat source when the verifier has a chat template, as the templated ids of its (truncated)
     user turn: the limit applies to the user's text, the template adds its own tokens.
     """
+    fit = fit or PromptFit(config.prompt_max_tokens)
     items = []
     for prompt in collect_prompts(config):
-        text_ids = tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"][-config.prompt_max_tokens:]
+        text_ids = tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"]
         if not text_ids:
             continue
-        chat_text = None
-        if prompt.chat and tokenizer.chat_template:
-            chat_text = tokenizer.decode(text_ids)
-            ids = chat_prompt_ids(tokenizer, chat_text)
-        else:
-            ids = served_prompt_ids(tokenizer, prompt.prompt, config.prompt_max_tokens)
+        limit = fit.limit
+        ids, chat_text = prompt_ids_within(tokenizer, prompt, text_ids, limit)
+        if fit.room is not None and len(ids) > fit.room:  # the specials or template need room too
+            limit -= len(ids) - fit.room
+            if limit < 1:
+                fit.dropped += 1
+                continue
+            ids, chat_text = prompt_ids_within(tokenizer, prompt, text_ids, limit)
+            if len(ids) > fit.room:
+                fit.dropped += 1
+                continue
+        if limit < config.prompt_max_tokens and len(text_ids) > limit:
+            fit.cut += 1
         digest = hashlib.sha256(prompt.prompt.encode()).hexdigest()[:16]
         items.append(WorkItem(
             id=f"{prompt.domain}-{digest}", domain=prompt.domain, source=prompt.source,
@@ -339,10 +392,28 @@ def corpus_stats(rows: list[dict]) -> dict:
     }
 
 
+def fit_summary(fit: PromptFit, config: CorpusConfig) -> dict:
+    if not (fit.cut or fit.dropped):
+        return {}
+    return {f"prompts cut to fit {fit.positions} positions": f"{fit.cut} (to at most {fit.limit} tokens, not "
+                                                              f"corpus.prompt_max_tokens={config.prompt_max_tokens})",
+            "prompts left out (too long even cut)": fit.dropped}
+
+
+def end_id_summary(stats: dict, rows: int) -> dict:
+    """A verifier that never ends a response on one of its end ids (generation_config's eos_token_id) answers
+    every prompt up to max_new_tokens: its responses then run through document boundaries."""
+    if not rows or stats["finish_reasons"].get("eos", 0):
+        return {}
+    return {"responses ending on an end id": f"0 of {rows}: the verifier never produced an end id of its "
+                                             "generation_config, so responses run through document boundaries"}
+
+
 def run(params: CorpusParams, args: argparse.Namespace) -> None:
     config = params.corpus
     paths = ArtifactPaths.from_params(params)
     start = time.perf_counter()
+    check_declared("build_corpus", params)
     datasets.disable_progress_bars()  # one progress bar (ours) per stage
     record = read_record(paths)
     location = model_location(paths, record)
@@ -353,7 +424,8 @@ def run(params: CorpusParams, args: argparse.Namespace) -> None:
         model, tokenizer = None, load_verifier_tokenizer(location, params.verifier.trust_remote_code,
                                                           params.verifier.allow_pickle_weights)
     identity = verifier_identity(paths)
-    items = work_items(config, tokenizer)
+    fit = PromptFit.for_verifier(config, verifier_positions(location))
+    items = work_items(config, tokenizer, fit)
     key = fingerprint(identity["hash"], config, items)
     shard_dir = prepare_shard_dir(paths.corpus_shards, key)
     shard_count = -(-len(items) // config.shard_size)
@@ -393,6 +465,8 @@ def run(params: CorpusParams, args: argparse.Namespace) -> None:
         "response tokens": stats["response_tokens"],
         "mean response length": stats["mean_response_length"],
         "finish eos / length": f"{stats['finish_reasons'].get('eos', 0)} / {stats['finish_reasons'].get('length', 0)}",
+        **fit_summary(fit, config),
+        **end_id_summary(stats, len(rows)),
         "shards reused": f"{reused} / {shard_count}",
         "engine": ", ".join(dict.fromkeys(f"{e['name']} {e.get('version', '')}".strip() for e in engines)),
         "engine start seconds": round(startup_seconds, 1),

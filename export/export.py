@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -140,6 +141,14 @@ def export_kind(kind: DrafterKind, params: ExportParams, paths: ArtifactPaths, v
             f"{name} parity cases": len(report.cases), f"{name} tensorrt": "built" if engine else f"skipped ({skip_reason})"}
 
 
+def remove_unexported(paths: ArtifactPaths, kinds: list[str]) -> None:
+    """DVC leaves `export/` in place while this stage runs (a failed run keeps the last good exports), so a
+    kind dropped from export.kinds is removed here, once every listed kind is written."""
+    for stale in (paths.root / "export").iterdir():
+        if stale.name not in kinds and stale.is_dir() and not stale.name.startswith("."):
+            shutil.rmtree(stale)
+
+
 def run(params: ExportParams, args: argparse.Namespace) -> None:
     paths = ArtifactPaths.from_params(params)
     trt_skip = tensorrt_build.check_tensorrt_mode(params.export)  # `required` fails before any work
@@ -156,6 +165,7 @@ def run(params: ExportParams, args: argparse.Namespace) -> None:
     for kind in kinds:
         info(f"export: {kind.name} drafter")
         summary.update(export_kind(kind, params, paths, verifier, verifier_tok, identity, texts, trt_skip))
+    remove_unexported(paths, params.export.kinds)
     print_summary("export", summary)
 
 

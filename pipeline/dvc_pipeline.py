@@ -5,7 +5,13 @@ module, plus the kinds' modules loaded by name: `LOADED_BY_NAME`, and stage `tra
 `training`), so editing a file reruns exactly the stages that run it; a kind's
 training stage does not depend on another kind's model code. Every kind gets a `train_<kind>` stage, and
 every stage that reads drafters lists each kind's drafter dir, so retraining any kind makes its export,
-evaluation and registry entry stale. tests/pipeline/test_dvc_pipeline.py fails when dvc.yaml differs from this output.
+evaluation and registry entry stale. The files params.yaml names that a stage reads (prompt files, a local
+external verifier) are its deps too (pipeline/stage_inputs.py). tests/pipeline/test_dvc_pipeline.py fails when
+dvc.yaml differs from this output.
+
+Every output is `persist: true`: DVC then leaves the previous outputs in place while a stage runs, and
+the stages replace them atomically (pipeline/atomic.py) only once done, so a failed `dvc repro` keeps
+the last good ones (docs/reliability.md#failed-stages).
 
 This module reads the stage packages' sources; it imports none of them.
 """
@@ -20,17 +26,21 @@ from typing import Sequence
 
 import yaml
 
+from pipeline.config.loader import load_params
 from pipeline.drafters.registry import KIND_SPECS
+from pipeline.errors import DraftlineError
+from pipeline.stage_inputs import STAGE_INPUTS, InputParams
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "data_prep", "train", "export", "serve_eval")
 DVC_YAML = REPO / "dvc.yaml"
+PARAMS_YAML = REPO / "params.yaml"
 
 ARTIFACTS, METRICS, PLOTS = "${project.artifacts_dir}", "${project.metrics_dir}", "${project.plots_dir}"
 VERIFIER_PARAMS = ["verifier.dtype", "verifier.trust_remote_code", "verifier.allow_pickle_weights"]
-# Outputs DVC must neither delete before a run nor cache: resumable state (checkpoints, corpus shards), and
-# results a stage replaces atomically once done, so a failed run keeps the previous ones.
-KEPT = {"cache": False, "persist": True}
+# Outputs DVC does not cache: resumable state (checkpoints, corpus shards) and the metrics and plots that
+# git holds. `generate` makes every output persistent.
+UNCACHED = {"cache": False}
 
 HEADER = """\
 # draftline pipeline: data_prep -> train -> export -> serve_eval -> promote (docs/algorithms.md#artifacts).
@@ -49,8 +59,8 @@ def train_stage(name: str) -> dict:
         "cmd": f"python -m train.dispatch --drafter {name}",
         "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus"],
         "params": [f"train.{name}", "project.seed", "tracking", *VERIFIER_PARAMS],
-        "outs": [f"{ARTIFACTS}/drafters/{name}", {f"{ARTIFACTS}/checkpoints/{name}": KEPT}],
-        "metrics": [{f"{METRICS}/train_{name}.json": {"cache": False}}],
+        "outs": [f"{ARTIFACTS}/drafters/{name}", {f"{ARTIFACTS}/checkpoints/{name}": UNCACHED}],
+        "metrics": [{f"{METRICS}/train_{name}.json": UNCACHED}],
     }
     if spec.train_plots:
         stage["plots"] = [{f"{PLOTS}/{path}": options} for path, options in spec.train_plots]
@@ -71,7 +81,7 @@ def stages() -> dict[str, dict]:
             "deps": [f"{ARTIFACTS}/verifier"],
             "params": ["corpus", *VERIFIER_PARAMS],
             # finished generation shards are kept across runs so a killed build resumes
-            "outs": [f"{ARTIFACTS}/corpus", {f"{ARTIFACTS}/corpus_shards": KEPT}],
+            "outs": [f"{ARTIFACTS}/corpus", {f"{ARTIFACTS}/corpus_shards": UNCACHED}],
         },
         **{f"train_{name}": train_stage(name) for name in KIND_SPECS},
         "export": {
@@ -84,14 +94,14 @@ def stages() -> dict[str, dict]:
             "cmd": "python -m serve_eval.evaluate",
             "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus", *drafter_dirs(), f"{ARTIFACTS}/export"],
             "params": ["evaluate", *VERIFIER_PARAMS],
-            "metrics": [{f"{METRICS}/eval.json": KEPT}],
+            "metrics": [{f"{METRICS}/eval.json": UNCACHED}],
             "plots": [
-                {f"{PLOTS}/eval_acceptance.csv": {**KEPT, "x": "position", "y": "acceptance",
+                {f"{PLOTS}/eval_acceptance.csv": {**UNCACHED, "x": "position", "y": "acceptance",
                                                   "title": "per-position acceptance (greedy)"}},
-                {f"{PLOTS}/eval_tau_hist.csv": {**KEPT, "x": "tokens_per_step", "y": "steps",
+                {f"{PLOTS}/eval_tau_hist.csv": {**UNCACHED, "x": "tokens_per_step", "y": "steps",
                                                 "title": "tokens committed per verifier forward (bonus included)"}},
-                {f"{PLOTS}/eval_acceptance.png": KEPT},
-                {f"{PLOTS}/eval_tau_hist.png": KEPT},
+                {f"{PLOTS}/eval_acceptance.png": UNCACHED},
+                {f"{PLOTS}/eval_tau_hist.png": UNCACHED},
             ],
         },
         # the exports in vLLM (the `make serve-env` environment), as launch.md tells users to run them
@@ -105,13 +115,13 @@ def stages() -> dict[str, dict]:
                 "evaluate.temperatures", "evaluate.top_k", "evaluate.top_p",  # T > 0 runs
                 "project.seed", *VERIFIER_PARAMS,
             ],
-            "outs": [{f"{ARTIFACTS}/serve_check": {"cache": False}}],
-            "metrics": [{f"{METRICS}/serving.json": KEPT}],
+            "outs": [{f"{ARTIFACTS}/serve_check": UNCACHED}],
+            "metrics": [{f"{METRICS}/serving.json": UNCACHED}],
             "plots": [
-                {f"{PLOTS}/serving_tau.csv": {**KEPT, "x": "draftline_tau", "y": "vllm_tau", "template": "scatter",
+                {f"{PLOTS}/serving_tau.csv": {**UNCACHED, "x": "draftline_tau", "y": "vllm_tau", "template": "scatter",
                                               "title": "tau measured by vLLM vs draftline on the same prompts "
                                                        "(bonus included)"}},
-                {f"{PLOTS}/serving_tau.png": KEPT},
+                {f"{PLOTS}/serving_tau.png": UNCACHED},
             ],
         },
         "promote": {
@@ -124,7 +134,7 @@ def stages() -> dict[str, dict]:
                 "serve_check.required", "serve_check.max_tau_gap", "serve_check.max_batch_tau_gap",
                 "serve_check.sampled_z", "serve_check.gate_sampled",
             ],
-            "metrics": [{f"{METRICS}/promotion.json": {"cache": False}}],
+            "metrics": [{f"{METRICS}/promotion.json": UNCACHED}],
         },
     }
 
@@ -190,10 +200,19 @@ def code_deps(stage: dict) -> list[str]:
     return sorted(import_closure(*entry_modules(stage["cmd"])) | set(stage.get("scripts", [])))
 
 
+def persistent(outs: list) -> list:
+    """Each output with `persist: true`, its other options kept."""
+    return [{out: {"persist": True}} if isinstance(out, str)
+            else {path: {**options, "persist": True} for path, options in out.items()} for out in outs]
+
+
 def generate() -> str:
+    params = load_params(InputParams, PARAMS_YAML)
     table = {}
     for name, stage in stages().items():
-        stage = {**stage, "deps": [*stage["deps"], *code_deps(stage)]}
+        inputs = STAGE_INPUTS[name](params, REPO) if name in STAGE_INPUTS else []
+        stage = {**stage, "deps": [*stage["deps"], *inputs, *code_deps(stage)]}
+        stage.update({key: persistent(stage[key]) for key in ("outs", "metrics", "plots") if key in stage})
         stage.pop("scripts", None)
         table[name] = stage
     body = yaml.safe_dump({"stages": table}, sort_keys=False, width=120, allow_unicode=True)
@@ -204,7 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.dvc_pipeline", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when dvc.yaml differs instead of writing it")
     args = parser.parse_args(argv)
-    text = generate()
+    try:
+        text = generate()
+    except DraftlineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     if args.check:
         current = DVC_YAML.read_text(encoding="utf-8") if DVC_YAML.exists() else ""
         if current != text:

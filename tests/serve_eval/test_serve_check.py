@@ -275,9 +275,10 @@ def write_params(work: Path, **serve) -> Path:
 
 
 def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
-    """No `.venv-serve`: every drafter is skipped with the command that fixes it; the stage still succeeds."""
+    """No `.venv-serve` and `serve_check.required: false`: every drafter is skipped with the command that fixes
+    it; the stage still succeeds."""
     tokenizer = tiny_tokenizer()
-    paths = ArtifactPaths.from_params(parse_all(yaml.safe_load(write_params(tmp_path).read_text())))
+    paths = ArtifactPaths.from_params(parse_all(yaml.safe_load(write_params(tmp_path, required=False).read_text())))
     write_corpus(tokenizer, paths.corpus)
     # what serve_check hashes of an external verifier: its files (a model dir: config.json and tokenizer)
     tiny_qwen3(len(tokenizer), num_layers=1).config.save_pretrained(tmp_path / "v")
@@ -288,7 +289,8 @@ def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
         paths.export(kind).mkdir(parents=True)
         (paths.export(kind) / "vllm.json").write_text(json.dumps({"model": "/v", "speculative_config": {}}))
         (paths.export(kind) / "manifest.json").write_text(json.dumps({"files": {}}))
-    monkeypatch.setenv("DRAFTLINE_SERVE_PYTHON", str(tmp_path / "missing" / "python"))
+    monkeypatch.delenv("DRAFTLINE_SERVE_PYTHON", raising=False)
+    monkeypatch.setattr(serve_check, "serve_python", lambda: None)
     assert serve_check.main(["--params", str(tmp_path / "params.yaml")]) == 0
     report = json.loads((paths.metrics / "serving.json").read_text())
     assert {e["status"] for e in report["drafters"].values()} == {"skipped"}

@@ -33,7 +33,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
 from pipeline.drafters.rope import apply_rope, rope_cos_sin
 from pipeline.errors import DraftlineError
-from pipeline.integrity import require_checkpoint
+from pipeline.integrity import load_pretrained, require_checkpoint
 
 
 def default_aux_layer_ids(depth: int) -> list[int]:
@@ -384,7 +384,9 @@ def load_drafter(path: Path, dtype: torch.dtype = torch.float32) -> Eagle3DraftM
         raise DraftlineError(f"{path}/config.json is not an EAGLE-3 head (model_type={config.get('model_type')!r}); "
                              "re-run `dvc repro train_eagle3`")
     fields = {key: value for key, value in config.items() if key not in ("model_type", "architectures", "eagle_config")}
-    return Eagle3DraftModel.from_pretrained(path, config=Eagle3Config(**fields), dtype=dtype).eval().requires_grad_(False)
+    model = load_pretrained(Eagle3DraftModel.from_pretrained, path, f"eagle3 drafter at {path}",
+                            "retrain it (`dvc repro train_eagle3`)", config=Eagle3Config(**fields), dtype=dtype)
+    return model.eval().requires_grad_(False)
 
 
 AutoConfig.register(Eagle3Config.model_type, Eagle3Config, exist_ok=True)
