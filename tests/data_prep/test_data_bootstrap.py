@@ -199,7 +199,7 @@ def test_a_verifier_without_tokenizer_files_is_refused(tmp_path, tiny_verifier_d
 
 
 def test_a_tokenizer_with_more_ids_than_embedding_rows_is_refused(tmp_path, capsys):
-    from tests.tiny_models import tiny_qwen3
+    from tests.support.tiny_models import tiny_qwen3
 
     model_dir = tmp_path / "model"
     tokenizer = tiny_tokenizer()

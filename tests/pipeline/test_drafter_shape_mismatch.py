@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from pipeline.drafters.ar.model import load_drafter as load_ar
 from pipeline.drafters.eagle3.model import load_drafter as load_eagle3
 from pipeline.errors import DraftlineError
-from tests.tiny_models import save_tiny_eagle3, tiny_qwen3, tiny_tokenizer
+from tests.support.tiny_models import save_tiny_eagle3, tiny_qwen3, tiny_tokenizer
 
 
 def _grow_first_matrix(directory: Path) -> None:

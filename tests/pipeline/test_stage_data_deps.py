@@ -18,10 +18,10 @@ import yaml
 
 from pipeline.drafters.registry import KIND_SPECS
 from pipeline.verifier_record import write_record
-from tests.tiny_models import save_tiny_verifier
+from tests.support.tiny_models import save_tiny_verifier
 
-REPO = Path(__file__).resolve().parents[1]
-AUDIT = Path(__file__).with_name("read_audit")
+REPO = Path(__file__).resolve().parents[2]
+AUDIT = REPO / "tests" / "read_audit"
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
 PROJECT = {"artifacts_dir": "artifacts", "metrics_dir": "metrics", "plots_dir": "plots"}
 PROJECT_VARIABLE = re.compile(r"\$\{project\.(\w+)\}")

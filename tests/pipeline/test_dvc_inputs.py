@@ -10,7 +10,7 @@ import yaml
 
 from pipeline.errors import DraftlineError
 from pipeline.stage_inputs import InputParams, check_declared, dep_path
-from tests.dvc_workspace import DVC, copy_project, record_up_to_date, regenerate, stale_stages
+from tests.support.dvc_workspace import DVC, copy_project, record_up_to_date, regenerate, stale_stages
 
 pytestmark = pytest.mark.skipif(not DVC.exists(), reason="dvc is not installed next to this interpreter")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DVC = Path(sys.executable).with_name("dvc")
 DIRS = {"${project.artifacts_dir}": "artifacts", "${project.metrics_dir}": "metrics", "${project.plots_dir}": "plots"}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.dvc_workspace import DVC, copy_project, dvc, outputs, record_up_to_date, stale_stages
+from tests.support.dvc_workspace import DVC, copy_project, dvc, outputs, record_up_to_date, stale_stages
 
 pytestmark = pytest.mark.skipif(not DVC.exists(), reason="dvc is not installed next to this interpreter")
 

@@ -24,7 +24,7 @@ from pipeline.drafters import onnx_io
 from pipeline.errors import DraftlineError
 from pipeline.promote import registry_cmd
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 # A stage that sleeps: what `dvc repro` runs, reduced to the runner.
 SLEEPING_STAGE = ("import sys, time; from pipeline.cli import run_stage, stage_parser; "

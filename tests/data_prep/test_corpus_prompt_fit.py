@@ -9,7 +9,7 @@ import pytest
 from data_prep.build_corpus import PromptFit, end_id_summary, fit_summary, verifier_positions, work_items
 from pipeline.config.corpus_config import CorpusConfig
 from pipeline.errors import DraftlineError
-from tests.tiny_models import tiny_llama_tokenizer
+from tests.support.tiny_models import tiny_llama_tokenizer
 
 
 def test_a_long_prompt_is_cut_to_the_verifiers_positions_and_counted(tmp_path):
