@@ -17,8 +17,8 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def serve_arguments(speculative: dict) -> list[str]:
-    """What both forms pass after the model."""
-    return ["--speculative-config", json.dumps(speculative)]
+    """What both forms pass after the model (keys sorted: vllm.json's order, so the line rebuilt from it is launch.md's)."""
+    return ["--speculative-config", json.dumps(speculative, sort_keys=True)]
 
 
 def gpu_command(verifier: str, speculative: dict) -> list[str]:

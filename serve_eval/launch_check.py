@@ -124,18 +124,19 @@ def run_domain(base: str, prompts: list, run: dict, job: dict, timeout_s: float)
             "counters": counter_delta(read_counters(base), before)}
 
 
-def serve_launch_command(python: Path, argv: list[str], job: dict, log: Path, timeout_s: float) -> dict:
+def serve_launch_command(python: Path, argv: list[str], job: dict, log: Path, timeout_s: float,
+                         env: dict[str, str]) -> dict:
     """launch.md's server with `job`'s prompts and runs; the in-process runner's result shape, or {"error": ...}."""
     port = free_port()
     full = server_argv(argv, python, port, job)
     base = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
     try:
-        with running_server(full, port, log, timeout_s, "serve_check.engine_timeout_s"):
+        with running_server(full, port, log, timeout_s, "serve_check.engine_timeout_s", env):
             engine_start_s = time.perf_counter() - started
             runs = {spec["name"]: {domain: run_domain(base, prompts, spec, job, timeout_s)
                                    for domain, prompts in job["prompts"].items()} for spec in job["runs"]}
     except (DraftlineError, urllib.error.URLError, OSError) as error:  # no start, a crash, a refused request
         detail = first_error_line(log) if log.is_file() else str(error)
-        return {"error": f"launch.md's command: {detail}", "log": str(log)}
+        return {"error": detail, "log": str(log)}
     return {"error": None, "engine_start_s": engine_start_s, "runs": runs, "log": str(log)}

@@ -128,12 +128,16 @@ def _last_line(path: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
+def engine_env(config: ServeCheckConfig) -> dict[str, str]:
+    """The environment of every vLLM process serve_check starts, in-process runner and server alike."""
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib), "HF_HUB_OFFLINE": "1"}
+
+
 def run_engine(python: Path, job: dict, name: str, log_dir: Path, config: ServeCheckConfig) -> dict:
     """One vLLM engine in the serving environment; the runner's result, or {"error": ...}."""
     log = log_dir / f"{name}.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib), "HF_HUB_OFFLINE": "1",
-           # engine core in the runner's own process: its exceptions (not "engine core died") reach the result
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # engine core in the runner's own process: its exceptions (not "engine core died") reach the result
+    env = {**engine_env(config), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     with tempfile.TemporaryDirectory(prefix="serve_check_") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
@@ -369,7 +373,7 @@ def launch_command_record(python: Path, export_dir: Path, job: dict, in_process:
         argv = launch_argv(export_dir, job, on_cpu())
     except DraftlineError as error:
         return {"ran": False, "status": "failed", "reason": str(error), "agrees_with_in_process": False}
-    result = serve_launch_command(python, argv, job, log, config.engine_timeout_s)
+    result = serve_launch_command(python, argv, job, log, config.engine_timeout_s, engine_env(config))
     if result.get("error"):
         result["error"] = explained(result["error"])
     checked = check_drafter(job, result, baseline, generations, config)

@@ -26,7 +26,7 @@ def test_both_builds_lines_come_from_one_argument_list_and_launch_md_shows_them(
     gpu, cpu = gpu_command(JOB["model"], SPEC), cpu_command(JOB["model"], SPEC)
     assert gpu[:3] == ["vllm", "serve", JOB["model"]]
     assert cpu[:5] == ["python", "-m", API_SERVER_MODULE, "--model", JOB["model"]]
-    assert gpu[3:] == cpu[5:] == ["--speculative-config", json.dumps(SPEC)]
+    assert gpu[3:] == cpu[5:] == ["--speculative-config", json.dumps(SPEC, sort_keys=True)]
     assert command_line(cpu).startswith("python -m vllm.entrypoints.openai.api_server --model '/models/my verifier' ")
     (tmp_path / "launch.md").write_text(vllm_section(JOB["model"], SPEC))
     for cpu_build, argv in ((True, cpu), (False, gpu)):
@@ -71,8 +71,9 @@ def test_metrics_counters_are_read_as_the_in_process_runner_reads_them():
 def test_a_command_that_does_not_start_fails_with_its_first_error_line(tmp_path):
     """Here the interpreter has no vLLM: the server exits at once and its reason is the drafter's."""
     argv = cpu_command(JOB["model"], SPEC)
-    result = launch_check.serve_launch_command(Path(sys.executable), argv, JOB, tmp_path / "ar.launch.log", 60)
-    assert result["error"].startswith("launch.md's command: ModuleNotFoundError: No module named 'vllm'")
+    result = launch_check.serve_launch_command(Path(sys.executable), argv, JOB, tmp_path / "ar.launch.log", 60,
+                                               serve_check.engine_env(ServeCheckConfig()))
+    assert result["error"].startswith("ModuleNotFoundError: No module named 'vllm'")
     log = tmp_path / "warn.log"
     log.write_text("(EngineCore pid=1) WARNING x [base.py:380] ValueError: Tokenizer not available\n"
                    "(EngineCore pid=1) ERROR y [core.py:9] RuntimeError: max(): Expected reduction dim\nTraceback\n")
