@@ -350,10 +350,8 @@ def test_exported_drafters_load_in_vllm_with_identical_output(served):
     paths, report = served
     for kind, method in (("ar", "draft_model"), ("block", "dflash"), ("eagle3", "eagle3")):
         entry = report["drafters"][kind]
-        # vLLM's sampled speculation accepts far less than draftline's on these near-uniform tiny models
-        # (README, "Serving"): the T=0.8 gap is recorded and may fail the drafter; nothing greedy may
-        greedy_reasons = [r for r in (entry["reason"] or "").split("; ") if r and "T=0.8" not in r]
-        assert entry["status"] in ("passed", "failed") and not greedy_reasons, entry["reason"]
+        # T=0.8 included: the serving env's vLLM plugin fixes the CPU build's sampled speculation
+        assert entry["status"] == "passed", entry["reason"]
         assert entry["speculative_config"]["method"] == method
         assert entry["speculative_config"]["num_speculative_tokens"] == K
         for record in entry["domains"].values():
