@@ -19,8 +19,8 @@ load, its greedy outputs differ, vLLM proposed nothing, its single-request or ba
 draftline's by more than `serve_check.max_tau_gap`, its batched τ differs from its single-request τ
 by more than `serve_check.max_batch_tau_gap` (a drafter that only works alone does not pass), or a
 sampled τ differs from draftline's by more than `serve_check.sampled_z` standard errors (see
-`sampled_tolerance`; vLLM's draft sampling ignores request seeds, so its T > 0 runs are never
-reproducible and only compare within noise). It is `skipped` when vLLM's CPU kernels cannot run the model.
+`sampled_tolerance`; vLLM's draft sampling ignores request seeds, so its T > 0 numbers only compare
+within noise: `SAMPLED_NOTE`). It is `skipped` when vLLM's CPU kernels cannot run the model.
 
 With `serve_check.launch_command` (the default) every drafter that ran is then served once more by the
 command its launch.md shows for this vLLM build, on 127.0.0.1 and a free port, and driven by OpenAI
@@ -103,9 +103,10 @@ DRAFT_HEADROOM = 2
 # vLLM 0.32's CPU engine dies on sampled speculation with top_k > 0 at its first step without drafts (a
 # prefill): `v1/sample/ops/topk_topp_sampler.py` takes k.max() of an empty tensor. Nothing avoids it but top_k 0.
 TOP_K_CRASH = "max(): Expected reduction dim to be specified for input.numel() == 0"
-SAMPLED_NOTE = ("vLLM's draft sampling ignores per-request seeds (0.32: v1/spec_decode/llm_base_proposer.py), so "
-                "its T > 0 runs are not reproducible: each draws anew, and its sampled tau is compared within "
-                "serve_check.sampled_z standard errors (from that run's own spread), never to an exact value")
+SAMPLED_NOTE = ("vLLM's draft sampling ignores per-request seeds (0.32: v1/spec_decode/llm_base_proposer.py): a "
+                "request's drafts hang on the engine's seed and on what shares its batches, so T > 0 numbers differ "
+                "between engines (in-process vs launch command) and batchings even with seeds; sampled tau is "
+                "compared within serve_check.sampled_z standard errors, never to an exact value")
 TAU_DEFINITION = ("1 + accepted draft tokens per drafting step (bonus/correction token included; vLLM's "
                   "prefill step, which drafts nothing, and draftline's steps cut short by max_new_tokens are not "
                   "counted)")
@@ -340,7 +341,7 @@ def check_drafter(job: dict, result: dict, baseline: dict, generations: dict | N
 def agreement(launched: dict, in_process: dict, k: int, max_gap: float, sampled_z: float) -> list[str]:
     """Where the launch-command run disagrees with the in-process run of the same drafter: greedy outputs
     not identical or τ more than `max_gap` apart; a sampled τ more than `sampled_z` standard errors apart
-    (draft sampling ignores request seeds: two T > 0 runs never draw alike)."""
+    (draft sampling ignores request seeds: two engines do not draw alike)."""
     reasons = []
     for name, run in in_process["runs"].items():
         greedy = name in (SINGLE, BATCHED)
