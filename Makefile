@@ -32,7 +32,11 @@ install: $(STAMP)
 # The serving environment: vLLM alone, without draftline, so an export is proven to stand on its own.
 SERVE_VENV := .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.installed-stamp
-$(SERVE_STAMP): $(SERVE_LOCK)
+# draftline's vLLM plugin (serve_eval/vllm_plugin/: fixes the CPU build's sampled speculation where its
+# self-test finds the defect); an edit to it reinstalls
+VLLM_PLUGIN := serve_eval/vllm_plugin
+VLLM_PLUGIN_FILES := $(VLLM_PLUGIN)/pyproject.toml $(wildcard $(VLLM_PLUGIN)/draftline_vllm_plugin/*.py)
+$(SERVE_STAMP): $(SERVE_LOCK) $(VLLM_PLUGIN_FILES)
 	test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
 	$(SERVE_VENV)/bin/pip install -q -c $(SERVE_LOCK) --upgrade pip
 	# No GPU: exactly the lock of the CPU build of vLLM (torch $(TORCH_VERSION) CPU). The lock has no
@@ -43,6 +47,9 @@ $(SERVE_STAMP): $(SERVE_LOCK)
 	  $(SERVE_VENV)/bin/pip install -q -c $(SERVE_LOCK) torch==$(TORCH_VERSION) && \
 	  $(SERVE_VENV)/bin/pip install -q --no-deps -r $(SERVE_LOCK); \
 	else $(SERVE_VENV)/bin/pip install -q vllm==$(VLLM_VERSION); fi
+	# no build isolation: setuptools comes from the lock, nothing is downloaded; its build leftovers go
+	$(SERVE_VENV)/bin/pip install -q --no-deps --no-build-isolation ./$(VLLM_PLUGIN)
+	rm -rf $(VLLM_PLUGIN)/build $(VLLM_PLUGIN)/*.egg-info
 	$(SERVE_VENV)/bin/python -c "import vllm, transformers; print('serve env: vllm', vllm.__version__)"
 	touch $@
 

@@ -19,8 +19,16 @@ load, its greedy outputs differ, vLLM proposed nothing, its single-request or ba
 draftline's by more than `serve_check.max_tau_gap`, its batched τ differs from its single-request τ
 by more than `serve_check.max_batch_tau_gap` (a drafter that only works alone does not pass), or a
 sampled τ differs from draftline's by more than `serve_check.sampled_z` standard errors (see
-`sampled_tolerance`). It is `skipped` when vLLM's CPU kernels cannot run the model. A failing
-drafter never fails the stage; `serve_check.required` makes `promote` refuse it.
+`sampled_tolerance`; vLLM's draft sampling ignores request seeds, so its T > 0 numbers only compare
+within noise: `SAMPLED_NOTE`). It is `skipped` when vLLM's CPU kernels cannot run the model.
+
+With `serve_check.launch_command` (the default) every drafter that ran is then served once more by the
+command its launch.md shows for this vLLM build, on 127.0.0.1 and a free port, and driven by OpenAI
+completions requests (`serve_eval/launch_check.py`): the same runs, the same rule, and the result must
+agree with the in-process run (greedy outputs identical, τ within `serve_check.max_launch_tau_gap`,
+sampled τ within `serve_check.sampled_z` standard errors); a command that does not start or serves
+without speculation fails the drafter with vLLM's first error line. A failing drafter never fails the
+stage; `serve_check.required` makes `promote` refuse it.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -52,6 +61,7 @@ from pipeline.integrity import measured_artifacts
 from pipeline.lineage import library_versions, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info, warn
+from pipeline.server_process import on_cpu
 from pipeline.serving_rule import (
     BATCHED,
     SINGLE,
@@ -61,6 +71,8 @@ from pipeline.serving_rule import (
     sampled_tolerance,
 )
 from pipeline.serving_venv import serve_python
+from pipeline.vllm_launch import command_line
+from serve_eval.launch_check import engine_args, launch_argv, serve_launch_command
 from serve_eval.serving_plots import write_serving_plots
 
 
@@ -88,6 +100,13 @@ GREEDY = "greedy"  # draftline's greedy run; vLLM's are SINGLE and BATCHED (samp
 # step holds up to prompt + max_new_tokens + k tokens, so two blocks past the longest request keep every
 # request clear of that edge, as a server at the model's full length mostly is.
 DRAFT_HEADROOM = 2
+# vLLM 0.32's CPU engine dies on sampled speculation with top_k > 0 at its first step without drafts (a
+# prefill): `v1/sample/ops/topk_topp_sampler.py` takes k.max() of an empty tensor. Nothing avoids it but top_k 0.
+TOP_K_CRASH = "max(): Expected reduction dim to be specified for input.numel() == 0"
+SAMPLED_NOTE = ("vLLM's draft sampling ignores per-request seeds (0.32: v1/spec_decode/llm_base_proposer.py): a "
+                "request's drafts hang on the engine's seed and on what shares its batches, so T > 0 numbers differ "
+                "between engines (in-process vs launch command) and batchings even with seeds; sampled tau is "
+                "compared within serve_check.sampled_z standard errors, never to an exact value")
 TAU_DEFINITION = ("1 + accepted draft tokens per drafting step (bonus/correction token included; vLLM's "
                   "prefill step, which drafts nothing, and draftline's steps cut short by max_new_tokens are not "
                   "counted)")
@@ -96,17 +115,30 @@ TAU_DEFINITION = ("1 + accepted draft tokens per drafting step (bonus/correction
 # --------------------------------------------------------------------------- vLLM engines
 
 
+def explained(error: str) -> str:
+    """vLLM's error, with the cause where serve_check knows it."""
+    if TOP_K_CRASH in error:
+        return ("vLLM's CPU engine crashed on sampled speculation with top_k > 0 (evaluate.top_k), as vLLM 0.32's "
+                "does at a step without drafts (v1/sample/ops/topk_topp_sampler.py: k.max() of an empty tensor); "
+                f"use evaluate.top_k: 0 or a GPU build ({error})")
+    return error
+
+
 def _last_line(path: Path) -> str:
     lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
 
 
+def engine_env(config: ServeCheckConfig) -> dict[str, str]:
+    """The environment of every vLLM process serve_check starts, in-process runner and server alike."""
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib), "HF_HUB_OFFLINE": "1"}
+
+
 def run_engine(python: Path, job: dict, name: str, log_dir: Path, config: ServeCheckConfig) -> dict:
     """One vLLM engine in the serving environment; the runner's result, or {"error": ...}."""
     log = log_dir / f"{name}.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib), "HF_HUB_OFFLINE": "1",
-           # engine core in the runner's own process: its exceptions (not "engine core died") reach the result
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # engine core in the runner's own process: its exceptions (not "engine core died") reach the result
+    env = {**engine_env(config), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     with tempfile.TemporaryDirectory(prefix="serve_check_") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
@@ -130,7 +162,7 @@ def runner_result(path: Path, job: dict, log: Path) -> dict:
     except (OSError, ValueError) as error:
         raise DraftlineError(f"the vLLM runner's result is not readable JSON ({error}); log: {log}") from None
     if isinstance(result, dict) and result.get("error"):
-        return result
+        return {**result, "error": explained(str(result["error"]))}
     runs = result.get("runs") if isinstance(result, dict) else None
     missing = [run["name"] for run in job["runs"] if not isinstance(runs, dict) or not isinstance(runs.get(run["name"]), dict)]
     if missing:
@@ -190,15 +222,6 @@ def run_specs(params: ServeCheckParams, sampled: bool) -> list[dict]:
 
 def sampled_temperatures(params: ServeCheckParams) -> list[float]:
     return [t for t in params.evaluate.temperatures if t > 0]
-
-
-def served_speculative_config(speculative_config: dict, params: ServeCheckParams) -> dict:
-    """launch.md's config; with sampled runs, vLLM drafts by sampling the drafter's distribution (as
-    draftline does) instead of its default argmax drafts, which accept at a different rate at T > 0.
-    Greedy requests draft argmax either way."""
-    if not sampled_temperatures(params):
-        return speculative_config
-    return {**speculative_config, "draft_sample_method": "probabilistic"}
 
 
 def engine_job(model: str, speculative_config: dict | None, prompts: dict[str, list[list[int]]],
@@ -357,6 +380,68 @@ def check_drafter(job: dict, result: dict, baseline: dict, generations: dict | N
     return entry
 
 
+# --------------------------------------------------------------------------- launch.md's command
+
+
+def agreement(launched: dict, in_process: dict, k: int, max_gap: float, sampled_z: float) -> list[str]:
+    """Where the launch-command run disagrees with the in-process run of the same drafter: greedy outputs
+    not identical or τ more than `max_gap` apart; a sampled τ more than `sampled_z` standard errors apart
+    (draft sampling ignores request seeds: two engines do not draw alike)."""
+    reasons = []
+    for name, run in in_process["runs"].items():
+        greedy = name in (SINGLE, BATCHED)
+        for domain, theirs in run.items():
+            ours = launched["runs"][name][domain]
+            a, b = vllm_metrics(ours, k, None), vllm_metrics(theirs, k, None)
+            where = f"{domain} {name}"
+            if greedy and ours["outputs"] != theirs["outputs"]:
+                reasons.append(f"{where}: greedy outputs differ from the in-process run")
+            if a["tau"] is None or b["tau"] is None:
+                reasons.append(f"{where}: no drafts in one of the runs")
+                continue
+            gap = relative_gap(a["tau"], b["tau"])
+            tolerance = None if greedy else sampled_tolerance(a, b, sampled_z)
+            if greedy and gap > max_gap:
+                reasons.append(f"{where}: tau {a['tau']:.3f} vs in-process {b['tau']:.3f} (gap {gap:.1%} > "
+                               f"serve_check.max_launch_tau_gap {max_gap:.0%})")
+            elif tolerance is not None and abs(a["tau"] - b["tau"]) > tolerance:
+                reasons.append(f"{where}: tau {a['tau']:.3f} vs in-process {b['tau']:.3f} (more than "
+                               f"{sampled_z:g} standard errors, {tolerance:.3f})")
+    return reasons
+
+
+def launch_command_record(python: Path, export_dir: Path, job: dict, in_process: dict, baseline: dict,
+                          generations: dict | None, config: ServeCheckConfig, log: Path) -> dict:
+    """The drafter served by launch.md's command: serve_check's pass rule on that run, and its agreement
+    with the in-process run."""
+    started = time.perf_counter()
+    try:
+        argv = launch_argv(export_dir, job, on_cpu())
+    except DraftlineError as error:
+        return {"ran": False, "status": "failed", "reason": str(error), "agrees_with_in_process": False}
+    result = serve_launch_command(python, argv, job, log, config.engine_timeout_s, engine_env(config))
+    if result.get("error"):
+        result["error"] = explained(result["error"])
+    checked = check_drafter(job, result, baseline, generations, config)
+    k = int(job["speculative_config"]["num_speculative_tokens"])
+    disagreements = [] if result.get("error") else agreement(result, in_process, k, config.max_launch_tau_gap,
+                                                             config.sampled_z)
+    return {"command": command_line(argv), "added_args": ["--host", "127.0.0.1", "--port", "<free>", *engine_args(job)],
+            "ran": not result.get("error"), "status": checked["status"], "reason": checked["reason"],
+            "agrees_with_in_process": not result.get("error") and not disagreements, "disagreements": disagreements,
+            "engine_start_s": result.get("engine_start_s"), "wall_s": time.perf_counter() - started,
+            "log": str(log), "domains": checked["domains"]}
+
+
+def with_launch_command(entry: dict, launch: dict) -> dict:
+    """The drafter fails when launch.md's command did not pass or disagrees with the in-process run."""
+    problems = ([launch["reason"]] if launch["status"] != "passed" else []) + launch.get("disagreements", [])
+    entry = {**entry, "launch_command": launch}
+    if problems and entry["status"] == "passed":
+        entry.update(status="failed", reason="launch.md's command: " + "; ".join(problems))
+    return entry
+
+
 # --------------------------------------------------------------------------- stage
 
 
@@ -393,7 +478,8 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
                     "max_new_tokens": config.max_new_tokens, "concurrency": config.concurrency,
                     "temperatures": [0.0] + sampled_temperatures(params), "max_tau_gap": config.max_tau_gap,
                     "max_batch_tau_gap": config.max_batch_tau_gap, "sampled_z": config.sampled_z,
-                    "gate_sampled": config.gate_sampled,
+                    "gate_sampled": config.gate_sampled, "sampled_note": SAMPLED_NOTE,
+                    "launch_command": config.launch_command,
                     "baseline": None, "drafters": {}}
     if python is None:
         reason = ("no serving environment (.venv-serve with vLLM) and serve_check.required is false: run "
@@ -413,8 +499,7 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
         report["drafters"] = {kind: {"status": status, "reason": reason, "domains": {}} for kind in jobs}
         return finish(report, paths, measured)
 
-    engine_jobs = {kind: engine_job(model, served_speculative_config(job["speculative_config"], params), prompts,
-                                    params) for kind, job in jobs.items()}
+    engine_jobs = {kind: engine_job(model, job["speculative_config"], prompts, params) for kind, job in jobs.items()}
     results = {}
     for kind, job in engine_jobs.items():
         info(f"serve_check: vLLM with the {kind} drafter ({json.dumps(job['speculative_config'])}; runs: "
@@ -426,6 +511,14 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
     generations = draftline_runs(params, paths, loaded, prompts) if loaded else {}
     for kind, job in engine_jobs.items():
         report["drafters"][kind] = check_drafter(job, results[kind], baseline, generations.get(kind), config)
+    if config.launch_command:
+        started = time.perf_counter()
+        for kind in loaded:
+            info(f"serve_check: the {kind} drafter served by launch.md's command, OpenAI requests")
+            launch = launch_command_record(python, paths.export(kind), engine_jobs[kind], results[kind], baseline,
+                                           generations.get(kind), config, log_dir / f"{kind}.launch.log")
+            report["drafters"][kind] = with_launch_command(report["drafters"][kind], launch)
+        report["launch_command_wall_s"] = time.perf_counter() - started
     return finish(report, paths, measured)
 
 
@@ -447,14 +540,14 @@ def print_table(report: dict) -> None:
 
     table = Table(title="serve_check: vLLM vs draftline (tau = 1 + accepted per drafting step)", title_justify="left")
     for column in ("drafter", "status", "domain", "identical", "tau c=1", f"tau c={report['concurrency']}",
-                   "draftline tau", "batch gap", "sampled tau vLLM / draftline", "tok/s c=1 (no spec)",
-                   f"tok/s c={report['concurrency']} (no spec)"):
+                   "draftline tau", "batch gap", "sampled tau vLLM / draftline", "launch.md cmd tau c=1 / sampled",
+                   "tok/s c=1 (no spec)", f"tok/s c={report['concurrency']} (no spec)"):
         table.add_column(column)
     colour = {"passed": "green", "failed": "red", "skipped": "yellow"}
     for kind, entry in report["drafters"].items():
         status = f"[{colour[entry['status']]}]{entry['status']}[/]"
         if not entry["domains"]:
-            table.add_row(kind, status, *["-"] * 9)
+            table.add_row(kind, status, *["-"] * 10)
         for domain, record in entry["domains"].items():
             single, batched = record[SINGLE], record[BATCHED]
             identical = single["outputs_identical"] and batched["outputs_identical"]
@@ -462,10 +555,16 @@ def print_table(report: dict) -> None:
                                 for name, s in record.get("sampled", {}).items()) or "-"
             speeds = [f"{r['vllm']['tokens_per_s']:.0f} ({r['vllm']['baseline_tokens_per_s']:.0f})"
                       for r in (single, batched)]
+            launched = (entry.get("launch_command") or {}).get("domains", {}).get(domain)
+            launch = "-" if launched is None else " / ".join(
+                [_tau(launched[SINGLE]["vllm"]["tau"])] + [_tau(s["vllm"]["tau"]) for s in launched.get("sampled", {}).values()])
             table.add_row(kind, status, domain, "yes" if identical else "[red]no[/]", _tau(single["vllm"]["tau"]),
                           _tau(batched["vllm"]["tau"]), _tau(record.get("draftline", {}).get("tau")),
-                          f"{record['batch_tau_gap']:.1%}" if "batch_tau_gap" in record else "-", sampled, *speeds)
+                          f"{record['batch_tau_gap']:.1%}" if "batch_tau_gap" in record else "-", sampled, launch,
+                          *speeds)
     console.print(table)
+    if len(report["temperatures"]) > 1:
+        console.print(f"  sampled tau: {report['sampled_note']}")
     for kind, entry in report["drafters"].items():
         if entry["reason"]:
             console.print(f"  {kind}: {entry['status']}: {entry['reason']}")

@@ -19,6 +19,11 @@ class ServeCheckConfig(Section):
     sampled_z: float = Field(3.0, gt=0, description="T > 0: standard errors of the tau difference that pass")
     gate_sampled: StrictBool = Field(True, description="a T > 0 tau gap past sampled_z fails the drafter; "
                                      "false: it is recorded and warned about only")
+    launch_command: StrictBool = Field(True, description="also serve each drafter with launch.md's command and "
+                                       "OpenAI requests; it fails the drafter unless it passes and agrees with "
+                                       "the in-process run")
+    max_launch_tau_gap: float = Field(0.05, ge=0, description="largest relative greedy tau gap launch command vs "
+                                      "in-process run (sampled: sampled_z standard errors)")
     kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU")
     enforce_eager: StrictBool = Field(True, description="skip vLLM's torch.compile warm-up (minutes on a small CPU)")
     engine_timeout_s: int = Field(1200, ge=30, description="wall-clock limit for one vLLM engine run")

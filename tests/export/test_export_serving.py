@@ -166,7 +166,7 @@ def test_launch_snippets_carry_paths_and_numbers(ar_dir, block_dir):
     ar = ar_serving.launch(serving_layout(ar_dir), "/models/verifier", Path("/exp/ar/serving"), ar_dir)
     spec = json.loads(ar.markdown.split("--speculative-config '")[1].split("'")[0])
     assert spec == ar.speculative_config == {"method": "draft_model", "model": "/exp/ar/serving",
-                                             "num_speculative_tokens": 5}
+                                             "num_speculative_tokens": 5, "draft_sample_method": "probabilistic"}
     assert "--speculative-algorithm STANDALONE" in ar.markdown and "--speculative-num-draft-tokens 6" in ar.markdown
     assert "decoding_type: Draft_Target" in ar.markdown and "max_draft_len: 5" in ar.markdown
 
@@ -174,7 +174,8 @@ def test_launch_snippets_carry_paths_and_numbers(ar_dir, block_dir):
     block = block_serving.launch(config, "/models/verifier", Path("/exp/block/serving"), block_dir)
     text = block.markdown
     spec = json.loads(text.split("--speculative-config '")[1].split("'")[0])
-    assert spec == {"method": "dflash", "model": "/exp/block/serving", "num_speculative_tokens": 3}
+    assert spec == {"method": "dflash", "model": "/exp/block/serving", "num_speculative_tokens": 3,
+                    "draft_sample_method": "probabilistic"}
     assert "--speculative-algorithm DFLASH" in text and "--speculative-num-draft-tokens 4" in text
     assert "decoding_type: DFlash" in text and "target_layer_ids: [0, 2]" in text
     assert f"mask_token_id: {config['dflash_config']['mask_token_id']}" in text
@@ -207,7 +208,7 @@ def test_dspark_variant_is_served_in_vllms_qwen3_dspark_layout(dspark_dir, block
     launch = block_serving.launch(config, "/models/verifier", Path("/exp/block/serving"), dspark_dir)
     spec = json.loads(launch.markdown.split("--speculative-config '")[1].split("'")[0])
     assert spec == launch.speculative_config == {"method": "dspark", "model": "/exp/block/serving",
-                                                 "num_speculative_tokens": 3}
+                                                 "num_speculative_tokens": 3, "draft_sample_method": "probabilistic"}
     assert "(rank 8), with a confidence head" in launch.markdown
     assert "--speculative-algorithm" not in launch.markdown  # no unchecked SGLang snippet for the DSpark layout
 

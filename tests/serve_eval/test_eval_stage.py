@@ -137,5 +137,5 @@ def test_evaluate_says_when_the_timing_is_too_noisy(tiny_workspace, monkeypatch,
                              max_speedup_spread=1e-9)
     assert main(["--params", params]) == 0
     assert "too noisy for the speed gate to decide" in capsys.readouterr().err
-    cell = json.loads((project / "metrics/eval.json").read_text())["drafters"]["ar"]["by_temperature"]["0.0"]
+    cell = json.loads((tiny_workspace / "metrics/eval.json").read_text())["drafters"]["ar"]["by_temperature"]["0.0"]
     assert all(metrics["speedup_noisy"] is True for metrics in cell.values())  # promote reads it

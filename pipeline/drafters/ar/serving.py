@@ -49,7 +49,8 @@ def draft_tokens(drafter_dir: Path) -> int:
 
 def launch(served_config: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launch:
     k = draft_tokens(drafter_dir)
-    speculative = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
+    speculative = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k,
+                   "draft_sample_method": "probabilistic"}
     markdown = f"""# Serving the AR drafter
 
 Draft model: `{draft}` (a plain HF causal LM with the verifier's tokenizer).

@@ -169,7 +169,8 @@ def launch(served: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launc
     mask_token_id = served["dflash_config"]["mask_token_id"]
     mask_rule = f" ({served['mask_rule']})" if served.get("mask_rule") else ""
     layer_ids = "[" + ", ".join(str(int(i)) for i in served["dflash_config"]["target_layer_ids"]) + "]"
-    speculative = {"method": "dflash", "model": str(draft), "num_speculative_tokens": k}
+    speculative = {"method": "dflash", "model": str(draft), "num_speculative_tokens": k,
+                   "draft_sample_method": "probabilistic"}
     markdown = f"""# Serving the block (DFlash) drafter
 
 Draft model: `{draft}` (DFlash layout: `architectures: ["DFlashDraftModel"]`, drafter layers +
@@ -215,7 +216,8 @@ def dspark_launch(served: dict, verifier: str, draft: Path) -> Launch:
     mask_token_id = served["dflash_config"]["mask_token_id"]
     layer_ids = "[" + ", ".join(str(int(i)) for i in served["dflash_config"]["target_layer_ids"]) + "]"
     confidence = "with a confidence head" if served["enable_confidence_head"] else "without a confidence head"
-    speculative = {"method": "dspark", "model": str(draft), "num_speculative_tokens": k}
+    speculative = {"method": "dspark", "model": str(draft), "num_speculative_tokens": k,
+                   "draft_sample_method": "probabilistic"}
     markdown = f"""# Serving the block drafter, DSpark variant (Markov head)
 
 Draft model: `{draft}` (vLLM's DSpark layout: `architectures: ["Qwen3DSparkModel"]`, the DFlash drafter

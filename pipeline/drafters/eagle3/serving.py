@@ -128,7 +128,8 @@ def sglang_layer_count_problem(layer_ids: list[int]) -> str | None:
 def launch(served: dict, verifier: str, draft: Path, drafter_dir: Path) -> Launch:
     k = trained_draft_tokens(drafter_dir, "eagle3")
     layer_ids = [int(i) for i in served["eagle_aux_hidden_state_layer_ids"]]
-    speculative = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}
+    speculative = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k,
+                   "draft_sample_method": "probabilistic"}
     blocked = unservable_by_sglang_and_trtllm(served)
     sglang_blocked = blocked + [problem for problem in [sglang_layer_count_problem(layer_ids)] if problem]
     sglang = (f"## SGLang\n\nNo snippet: SGLang cannot serve this head as trained: {'; '.join(sglang_blocked)}.\n"

@@ -429,7 +429,7 @@ def _lossy_eval(tau: float) -> dict:
 def _two_versions(tmp_path: Path, tokenizer_dir: Path, label: str) -> tuple[Workspace, str]:
     """v1 then a better v2: v2 champion, v1 previous_champion."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ws = _ready_workspace(tmp_path, store, label, tokenizer_dir, seed=1, tau=2.0)
+    ws = ready_workspace(tmp_path, store, label, tokenizer_dir, seed=1, tau=2.0)
     assert _promoted(ws)["promoted"]
     ws.write_ar_checkpoint(seed=2)
     ws.write_eval({"ar": drafter_eval(2.5, 2.5)})
@@ -442,7 +442,7 @@ def test_foreign_registered_model_is_refused_unless_adopted(tmp_path, tokenizer_
     from mlflow import MlflowClient
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ws = _ready_workspace(tmp_path, store, "foreign", tokenizer_dir)
+    ws = ready_workspace(tmp_path, store, "foreign", tokenizer_dir)
     Registry(store)  # migrate the store
     client = MlflowClient(store, registry_uri=store)
     client.create_registered_model(ws.name("ar"))
@@ -489,7 +489,7 @@ def test_forcing_the_champion_again_keeps_the_rollback_alias(tmp_path, tokenizer
 
 def test_registry_list_prints_full_names_when_stderr_is_not_a_terminal(tmp_path, tokenizer_dir, capsys, monkeypatch):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ws = _ready_workspace(tmp_path, store, "a-verifier-with-a-long-name", tokenizer_dir)
+    ws = ready_workspace(tmp_path, store, "a-verifier-with-a-long-name", tokenizer_dir)
     params = yaml.safe_load(ws.params.read_text())
     params["promote"]["model_name_prefix"] = "team-speculative-decoding-drafters"
     ws.params.write_text(yaml.safe_dump(params))
@@ -526,7 +526,7 @@ def test_new_evidence_regates_and_demotes_the_champion(tmp_path, tokenizer_dir, 
 
 def test_changed_serving_evidence_regates(tmp_path, tokenizer_dir):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ws = _ready_workspace(tmp_path, store, "served", tokenizer_dir)
+    ws = ready_workspace(tmp_path, store, "served", tokenizer_dir)
     assert _promoted(ws)["promoted"]
     (ws.root / "metrics/serving.json").write_text(json.dumps({"concurrency": 8, "drafters": {"ar": {"domains": {
         "code": {"batched": {"vllm": {"tau": 1.9}}, "single": {"vllm": {"tau": 1.9}}, "draftline": {"tau": 2.0}}}}}}))
@@ -551,7 +551,7 @@ def test_champion_refused_by_a_new_serve_check_loses_champion(tmp_path, tokenize
 
 def test_noisy_speed_is_undecided_not_registered_as_rejected(tmp_path, tokenizer_dir, capsys):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ws = _ready_workspace(tmp_path, store, "noisy", tokenizer_dir)
+    ws = ready_workspace(tmp_path, store, "noisy", tokenizer_dir)
     entry = drafter_eval(2.0, 2.0, speedup=0.95)  # below the floor 1.0, inside a 60% spread
     for domain in entry["by_temperature"]["0.0"].values():
         domain.update(speedup_noisy=True, speedup_spread=0.6)
