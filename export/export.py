@@ -97,7 +97,8 @@ def _tensorrt(kind: DrafterKind, exported: OnnxExport, out: Path, params: Export
             "parity_vs_onnxruntime": check.to_json()["outputs"]}, None
 
 
-def export_serving(kind: DrafterKind, drafter_dir: Path, out: Path, target: Path, verifier: str, verifier_tok) -> dict:
+def export_serving(kind: DrafterKind, drafter_dir: Path, out: Path, target: Path, verifier: str, verifier_tok,
+                   artifacts: Path) -> dict:
     """`serving/` (checked as the serving stacks load it), `launch.md` and `vllm.json` under `out`, which
     becomes `target`; returns the served config."""
     serving_dir = out / launch_files.SERVING_DIR
@@ -107,7 +108,8 @@ def export_serving(kind: DrafterKind, drafter_dir: Path, out: Path, target: Path
     check_same_tokenizer(verifier_tok, load_tokenizer(serving_dir, what, f"retrain it (`dvc repro train_{kind.name}`)"), what)
     launch = kind.launch(config, verifier, (target / launch_files.SERVING_DIR).resolve(), drafter_dir)
     write_text_atomic(out / launch_files.LAUNCH_NAME, launch.markdown)
-    write_json_atomic(out / launch_files.VLLM_NAME, launch_files.vllm_job(verifier, launch))
+    job = launch_files.relocatable_job(launch_files.vllm_job(verifier, launch), target, artifacts)
+    write_json_atomic(out / launch_files.VLLM_NAME, job)
     return config
 
 
@@ -119,7 +121,7 @@ def export_kind(kind: DrafterKind, params: ExportParams, paths: ArtifactPaths, v
                                    f"retrain it (`dvc repro train_{kind.name}`)")
     with atomic_dir(target) as out:
         serving_dir = out / launch_files.SERVING_DIR
-        export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), verifier_tok)
+        export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), verifier_tok, paths.root)
         exported = kind.export_onnx(OnnxJob(drafter_dir, serving_dir, out, params.export, params.project.seed,
                                             texts, verifier))
         report = exported.parity

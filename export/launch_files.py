@@ -1,12 +1,14 @@
 """The served copy of a drafter and its launch files (each kind's `serving.py` says what goes in them).
 
 `serving/` is the checkpoint as serving stacks load it, `launch.md` the vLLM / SGLang / TensorRT-LLM
-commands with the real paths, `vllm.json` the vLLM job that launch.md shows and stage `serve_check`
-runs verbatim.
+commands with the real paths (for pasting), `vllm.json` the vLLM job that launch.md shows and stage
+`serve_check` runs. vLLM.json names the files inside the artifacts dir relative to the export dir, so a
+copied or moved project serves its own files, never the ones the paths pointed at when it was exported.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -34,3 +36,35 @@ def copy_checkpoint(drafter_dir: Path, serving_dir: Path) -> None:
 
 def vllm_job(verifier: str, launch: Launch) -> dict:
     return {"model": verifier, "speculative_config": launch.speculative_config}
+
+
+def _relative(location: str, export_dir: Path, artifacts: Path) -> str:
+    """A path under `artifacts` as seen from `export_dir`; anything else (an external verifier dir, an HF
+    model name) as it is."""
+    path = Path(location)
+    if path.is_absolute() and path.is_relative_to(artifacts.resolve()):
+        relative = os.path.relpath(path, export_dir.resolve())
+        return relative if relative.startswith("..") else f"./{relative}"  # "./": a path, never an HF model name
+    return location
+
+
+def relocatable_job(job: dict, export_dir: Path, artifacts: Path) -> dict:
+    """`job` as vllm.json stores it: the verifier and draft dirs inside the artifacts dir relative to `export_dir`."""
+    speculative = job["speculative_config"]
+    return {"model": _relative(job["model"], export_dir, artifacts),
+            "speculative_config": {**speculative, "model": _relative(speculative["model"], export_dir, artifacts)}}
+
+
+def _resolved(location: object, export_dir: Path) -> object:
+    if not isinstance(location, str) or not location.startswith(("./", "../")):
+        return location  # absolute, an HF model name, or not a path at all (checked where it is used)
+    return str((export_dir / location).resolve())
+
+
+def resolved_job(job: dict, export_dir: Path) -> dict:
+    """vllm.json's job with its relative paths filled in for where the export dir is now."""
+    speculative = job.get("speculative_config")
+    resolved = {**job, "model": _resolved(job.get("model"), export_dir)}
+    if isinstance(speculative, dict):
+        resolved["speculative_config"] = {**speculative, "model": _resolved(speculative.get("model"), export_dir)}
+    return resolved

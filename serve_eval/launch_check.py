@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from export.launch_files import LAUNCH_NAME
 from pipeline.errors import DraftlineError
+from pipeline.progress import warn
 from pipeline.server_process import free_port, running_server
 from pipeline.vllm_launch import command, command_line
 
@@ -36,13 +38,25 @@ ERROR_LINE = re.compile(r"\b\w*(?:Error|Exception)\b: ")
 NOT_ERRORS = re.compile(r"\b(?:DEBUG|INFO|WARNING)\b")
 
 
+# stand-ins for the verifier and draft paths when launch.md's line is matched: it shows the absolute paths
+# of where the project was exported (for pasting), while vllm.json's resolve to where it is now
+_VERIFIER, _DRAFT = "DRAFTLINEVERIFIERPATH", "DRAFTLINEDRAFTPATH"  # nothing re.escape changes
+
+
 def launch_argv(export_dir: Path, job: dict, cpu: bool) -> list[str]:
-    """launch.md's command for this build, as rebuilt from vllm.json; raises when launch.md does not show it."""
+    """launch.md's command for this build, as rebuilt from vllm.json (its paths resolved for this export dir);
+    raises when launch.md does not show that command, up to where the paths point."""
     argv = command(job["model"], job["speculative_config"], cpu)
+    template = command_line(command(_VERIFIER, {**job["speculative_config"], "model": _DRAFT}, cpu))
+    pattern = re.escape(template).replace(_VERIFIER, r"(?P<verifier>'[^']*'|\S+)").replace(_DRAFT, r'(?P<draft>[^"]+)')
     launch = export_dir / LAUNCH_NAME
-    if not launch.is_file() or command_line(argv) not in launch.read_text(encoding="utf-8"):
+    shown = re.search(pattern, launch.read_text(encoding="utf-8")) if launch.is_file() else None
+    if shown is None:
         raise DraftlineError(f"{launch} does not show the command serve_check runs ({command_line(argv)}); "
                              "re-run `dvc repro export`")
+    if (shlex.split(shown["verifier"])[0], shown["draft"]) != (job["model"], job["speculative_config"]["model"]):
+        warn(f"{launch} names the files where the project was exported ({shown['draft']}); serve_check serves "
+             f"this project's ({job['speculative_config']['model']}): run `dvc repro -f export` to refresh launch.md")
     return argv
 
 

@@ -47,7 +47,7 @@ from typing import Sequence
 
 import torch
 
-from export.launch_files import VLLM_NAME
+from export.launch_files import VLLM_NAME, resolved_job
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.evaluate_config import EvaluateConfig
@@ -451,7 +451,7 @@ def exported_jobs(params: ServeCheckParams, paths: ArtifactPaths) -> dict[str, d
         path = paths.export(kind) / VLLM_NAME
         if not path.is_file():
             raise DraftlineError(f"no {path}; run `dvc repro export` (or `draftline export`) first")
-        jobs[kind] = read_json(path)
+        jobs[kind] = resolved_job(read_json(path), paths.export(kind))
     return jobs
 
 

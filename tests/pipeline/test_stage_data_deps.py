@@ -16,6 +16,7 @@ from typing import Iterable
 import pytest
 import yaml
 
+from export.launch_files import resolved_job
 from pipeline.drafters.registry import KIND_SPECS
 from pipeline.verifier_record import write_record
 from tests.support.tiny_models import save_tiny_verifier
@@ -134,9 +135,10 @@ def vllm_reads(root: Path) -> set[str]:
     and the drafter each export's vllm.json names."""
     reads = set()
     for kind in PARAMS["export"].get("kinds", KIND_SPECS):
-        job = json.loads((root / PROJECT["artifacts_dir"] / "export" / kind / "vllm.json").read_text())
+        export_dir = root / PROJECT["artifacts_dir"] / "export" / kind
+        job = resolved_job(json.loads((export_dir / "vllm.json").read_text()), export_dir)
         for path in (job["model"], job["speculative_config"]["model"]):
-            reads.add(Path(path).relative_to(root).as_posix())
+            reads.add(Path(path).relative_to(root.resolve()).as_posix())
     return reads
 
 

@@ -5,6 +5,7 @@ rules; promote refusing a drafter that did not pass."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -337,7 +338,7 @@ def served(tmp_path_factory):
                      fit_prompts=prompt_ids(tokenizer), fit_steps=40)
     for name, kind in KINDS.items():
         export_serving(kind, paths.drafter(name), paths.export(name), paths.export(name),
-                       str(paths.verifier.resolve()), tokenizer)
+                       str(paths.verifier.resolve()), tokenizer, paths.root)
     assert serve_check.main(["--params", str(work / "params.yaml")]) == 0
     return paths, json.loads((paths.metrics / "serving.json").read_text())
 
@@ -403,6 +404,7 @@ def test_vllms_cpu_build_refuses_the_dspark_export_and_serve_check_records_it_sk
     `method: dspark` (model runner V1), so the drafter is skipped with vLLM's reason, not failed. When a vLLM
     build runs it, this test fails and the DSpark variant can join the served checks."""
     from export.export import export_serving
+    from export.launch_files import resolved_job
     from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
     from pipeline.drafters.kinds import KINDS
 
@@ -419,8 +421,8 @@ def test_vllms_cpu_build_refuses_the_dspark_export_and_serve_check_records_it_sk
     DFlashDraftModel(config).save_pretrained(tmp_path / "drafter")
     tokenizer.save_pretrained(tmp_path / "drafter")
     export_serving(KINDS["block"], tmp_path / "drafter", tmp_path / "export", tmp_path / "export",
-                   str(tmp_path / "verifier"), tokenizer)
-    job = json.loads((tmp_path / "export" / "vllm.json").read_text())
+                   str(tmp_path / "verifier"), tokenizer, tmp_path)
+    job = resolved_job(json.loads((tmp_path / "export" / "vllm.json").read_text()), tmp_path / "export")
     assert job["speculative_config"]["method"] == "dspark"
     params = _params(tmp_path, max_new_tokens=8)
     prompts = {"code": prompt_ids(tokenizer)[:1]}
@@ -451,3 +453,35 @@ def test_launch_mds_command_serves_every_drafter_and_agrees_with_the_in_process_
                 assert record[name]["outputs_identical"] and record[name]["vllm"]["num_drafts"] > 0
             assert record["sampled"]["T=0.8"]["vllm"]["num_drafts"] > 0
     assert report["launch_command_wall_s"] > 0 and "ignores per-request seeds" in report["sampled_note"]
+
+
+def test_a_moved_project_serves_its_own_files(tmp_path, monkeypatch, capsys):
+    """vllm.json names the files inside the artifacts dir relative to the export: after the project moves (and
+    the original is gone), serve_check's jobs and launch.md's command point at the moved project's files."""
+    from transformers import AutoTokenizer
+
+    from export.export import export_serving
+    from pipeline.drafters.kinds import KINDS
+    from serve_eval.launch_check import launch_argv
+    from tests.support.workspace import tiny_workspace
+
+    original = tiny_workspace(tmp_path / "original")
+    paths = ArtifactPaths(original / "artifacts", original / "metrics", original / "plots")
+    tokenizer = AutoTokenizer.from_pretrained(paths.verifier)
+    export_serving(KINDS["ar"], paths.drafter("ar"), paths.export("ar"), paths.export("ar"),
+                   str(paths.verifier.resolve()), tokenizer, paths.root)
+    assert str(original) not in (paths.export("ar") / "vllm.json").read_text()
+    assert str(original) in (paths.export("ar") / "launch.md").read_text()  # for pasting: absolute
+    moved = tmp_path / "moved"
+    shutil.move(original, moved)
+    monkeypatch.chdir(moved)
+
+    params = serve_check.ServeCheckParams.model_validate({"export": {"kinds": ["ar"]}})
+    job = serve_check.exported_jobs(params, ArtifactPaths.from_params(params))["ar"]
+    assert job["model"] == str((moved / "artifacts" / "verifier").resolve())
+    assert job["speculative_config"]["model"] == str((moved / "artifacts" / "export" / "ar" / "serving").resolve())
+    assert Path(job["model"]).is_dir() and Path(job["speculative_config"]["model"]).is_dir()
+
+    argv = launch_argv(moved / "artifacts" / "export" / "ar", job, cpu=True)
+    assert job["model"] in argv and str(original) not in " ".join(argv)
+    assert "dvc repro -f export" in capsys.readouterr().err  # launch.md still shows where it was exported
