@@ -42,6 +42,13 @@ class DrafterModule(LightningModule):
     def configure_optimizers(self) -> dict:
         return adamw_cosine(self.drafter.parameters(), self.trainer_cfg)
 
+    def log_training(self, loss: torch.Tensor, terms: dict, batch_size: int | None = None) -> None:
+        """A training step's loss (on the progress bar), its named terms and the learning rate."""
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
+        for name, value in terms.items():
+            self.log(f"train/{name}", value, batch_size=batch_size)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["draftline_tokens_seen"] = self.tokens_seen
 

@@ -109,10 +109,7 @@ class ARDistillModule(DrafterModule):
         loss, terms, _ = batch_signals(self.drafter, self.verifier, batch, self.loss_cfg,
                                        need_teacher=needs_teacher(self.loss_cfg))
         self.tokens_seen += int(batch["loss_mask"].sum().item())
-        self.log("train/loss", loss, prog_bar=True)
-        for name, value in terms.items():
-            self.log(f"train/{name}", value)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        self.log_training(loss, terms)
         return loss
 
     def on_validation_epoch_start(self) -> None:

@@ -220,11 +220,7 @@ class BlockDistillModule(DrafterModule):
                                                     self.weights, generator, self.embed_tokens, self.lm_head,
                                                     prompt_anchors=self.cfg.prompt_anchors)
         self.tokens_seen += int(label_valid.sum().item())
-        size = batch["input_ids"].shape[0]
-        self.log("train/loss", loss, prog_bar=True, batch_size=size)
-        for name, value in terms.items():
-            self.log(f"train/{name}", value, batch_size=size)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        self.log_training(loss, terms, batch["input_ids"].shape[0])
         return loss
 
     def on_validation_epoch_start(self) -> None:

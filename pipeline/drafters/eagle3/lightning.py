@@ -162,11 +162,7 @@ class Eagle3DistillModule(DrafterModule):
         loss, terms, _, valid = ttt_signals(self.drafter, self._verifier_outputs(batch, "train"), batch, self.cfg,
                                             self.embed_tokens, prompt_positions=self.cfg.prompt_positions)
         self.tokens_seen += int(valid[..., 0].sum().item())
-        size = batch["input_ids"].shape[0]
-        self.log("train/loss", loss, prog_bar=True, batch_size=size)
-        for name, value in terms.items():
-            self.log(f"train/{name}", value, batch_size=size)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        self.log_training(loss, terms, batch["input_ids"].shape[0])
         return loss
 
     def on_validation_epoch_start(self) -> None:
