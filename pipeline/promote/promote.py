@@ -535,6 +535,25 @@ def serve_check_failure(entry: dict, config: ServeCheckConfig) -> str | None:
                                   config.max_batch_tau_gap, config.sampled_z, config.gate_sampled)
         if reasons:
             return f"serve_check says passed but {domain}: {reasons[0]}"
+    return launch_command_failure(entry.get("launch_command"), config)
+
+
+def launch_command_failure(launch: object, config: ServeCheckConfig) -> str | None:
+    """The run of launch.md's command (when serve_check made one), rederived like the in-process run."""
+    if launch is None:
+        return None
+    what = "serve_check's run of launch.md's command"
+    if not isinstance(launch, dict) or launch.get("status") != "passed" or launch.get("agrees_with_in_process") is not True:
+        reason = launch.get("reason") or "; ".join(launch.get("disagreements") or []) if isinstance(launch, dict) else None
+        return f"{what} did not pass: {reason or 'no reason recorded'}"
+    domains = launch.get("domains")
+    if not isinstance(domains, dict) or not domains:
+        return f"{what} says passed but measured no domain"
+    for domain, record in sorted(domains.items()):
+        reasons = domain_failures(record if isinstance(record, dict) else {}, config.max_tau_gap,
+                                  config.max_batch_tau_gap, config.sampled_z, config.gate_sampled)
+        if reasons:
+            return f"{what} says passed but {domain}: {reasons[0]}"
     return None
 
 

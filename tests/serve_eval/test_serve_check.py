@@ -214,6 +214,21 @@ def test_a_status_flipped_to_passed_is_rederived_from_the_numbers(tmp_path, reco
     assert expected in refusals["ar"]
 
 
+def test_promote_rederives_the_launch_command_run_too(tmp_path):
+    passed = _served_record(3.0, 3.0, 3.0)
+    launch = {"status": "passed", "agrees_with_in_process": True, "domains": {"code": passed}}
+
+    def refusal(launch_record):
+        entry = {"status": "passed", "reason": None, "domains": {"code": passed}, "launch_command": launch_record}
+        return serve_check_refusals(_params(tmp_path), {"drafters": {"ar": entry}}, ["ar"]).get("ar")
+
+    assert refusal(launch) is None
+    assert "launch.md's command says passed but code: " in refusal({**launch, "domains": {"code": _served_record(2.0, 2.0, 3.0)}})
+    assert "did not pass: greedy outputs differ" in refusal({**launch, "agrees_with_in_process": False,
+                                                             "disagreements": ["greedy outputs differ"]})
+    assert "did not pass: vllm serve exited" in refusal({**launch, "status": "failed", "reason": "vllm serve exited"})
+
+
 def test_a_sampled_gap_fails_only_when_gated(tmp_path):
     """With serve_check.gate_sampled false the T>0 gap is recorded and warned about, not a failure, in
     serve_check's rule and in promote's rederivation of it alike."""
