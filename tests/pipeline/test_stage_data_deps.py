@@ -51,7 +51,7 @@ PARAMS = {
     "tracking": {"uri": "sqlite:///mlflow.db"},
     "export": {"parity_prompts": 1, "parity_steps": 2, "tensorrt": "off"},
     "evaluate": {"prompts_per_domain": 1, "max_new_tokens": 4, "temperatures": [0.0], "timing_repeats": 1},
-    # without vLLM every drafter is `skipped`; not required, so promote still registers (and reads) them all
+    # without vLLM every drafter fails serve_check; not required, so promote still registers (and reads) them all
     "serve_check": {"required": False, "prompts_per_domain": 1, "max_new_tokens": 4},
 }
 
@@ -114,6 +114,24 @@ def build_workspace(root: Path) -> None:
     (root / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n", encoding="utf-8")
 
 
+# A serving environment that reports a vLLM but whose engines do not start: serve_check reads all it
+# reads before running vLLM, then records every drafter failed; what vLLM would load is `vllm_reads`.
+STUB_SERVING_PYTHON = """#!/bin/sh
+case "$2" in
+  *lineage.py) echo '{"python": "3", "vllm": "stub"}' ;;
+  *) echo '{"error": "stub serving environment: no engine"}' > "$4" ;;
+esac
+"""
+
+
+def stub_serving_env(root: Path) -> Path:
+    python = root / "stub-serve-env" / "python"
+    python.parent.mkdir(exist_ok=True)
+    python.write_text(STUB_SERVING_PYTHON, encoding="utf-8")
+    python.chmod(0o755)
+    return python
+
+
 def run_stage(root: Path, name: str) -> set[str]:
     """The stage's dvc.yaml `cmd`, run in the workspace under the read audit; what it read there."""
     log = root / "reads" / name
@@ -121,7 +139,8 @@ def run_stage(root: Path, name: str) -> set[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(AUDIT), str(REPO)]), "DRAFTLINE_READ_LOG": str(log),
            "PYTHONSAFEPATH": "1",  # the workspace is not on sys.path: import probes there are no stage's reads
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MLFLOW_ENABLE_TELEMETRY": "false",
-           "DRAFTLINE_SERVE_PYTHON": str(root / "no-serve-env")}  # no vLLM: serve_check skips the engines
+           # no vLLM: export skips its checks in the serving env; serve_check's stops after reading (the stub)
+           "DRAFTLINE_SERVE_PYTHON": str(stub_serving_env(root) if name == "serve_check" else root / "no-serve-env")}
     env.pop("MLFLOW_TRACKING_URI", None)
     argv = STAGES[name]["cmd"].split()
     result = subprocess.run([sys.executable, *argv[1:]], cwd=root, env=env, capture_output=True, text=True,
