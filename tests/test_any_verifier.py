@@ -2,7 +2,8 @@
 vocabulary (no mask, pad, unk or reserved id to spare), a tokenizer that adds BOS, an end-of-turn id
 in its generation_config next to EOS, five layers, and one prompt domain of the user's own naming.
 Only `verifier.*` and `corpus.sources` differ from the shipped params.yaml, apart from sizes that
-keep the run to a few minutes and a gate a random verifier can pass."""
+keep the run to a few minutes and a gate a random verifier can pass; dvc.yaml is regenerated from them
+(`python -m pipeline.dvc_pipeline`), as for any params.yaml that names files the stages read."""
 
 from __future__ import annotations
 
@@ -77,6 +78,9 @@ def test_dvc_repro_runs_unmodified_on_a_llama_style_verifier(tmp_path):
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(project), "HF_HUB_OFFLINE": "1",
            "DRAFTLINE_SERVE_PYTHON": str(serve_python())}
     env.pop("MLFLOW_TRACKING_URI", None)  # the project's own sqlite registry
+    subprocess.run([str(BIN / "python"), "-m", "pipeline.dvc_pipeline"], cwd=project, env=env, check=True)
+    dvc_yaml = (project / "dvc.yaml").read_text()
+    assert str(prompts) in dvc_yaml and str(verifier_dir) in dvc_yaml  # the inputs params.yaml names are deps
     run = subprocess.run([str(BIN / "dvc"), "repro"], cwd=project, env=env, capture_output=True, text=True,
                          timeout=1500)
     log = " ".join((run.stdout + run.stderr).split())  # rich wraps long lines at the pipe's width

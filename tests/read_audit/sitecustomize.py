@@ -1,4 +1,4 @@
-"""Read audit for tests/test_stage_data_deps.py, loaded at start-up by every Python process whose
+"""Read audit for tests/pipeline/test_stage_data_deps.py, loaded at start-up by every Python process whose
 PYTHONPATH starts with this folder (so also a stage's worker processes): when $DRAFTLINE_READ_LOG is set,
 it appends to that file each path the process opens for reading, lists, or opens as an SQLite database,
 one `<event>\t<absolute path>` a line. Files opened to be created or written are not reads and are left out."""
