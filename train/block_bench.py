@@ -22,10 +22,10 @@ from datasets import DatasetDict
 from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier
 from pipeline.atomic import write_json_atomic
-from pipeline.drafters.block.config import BlockDrafterConfig
+from pipeline.drafters.block.config import BlockDrafterConfig, build_target_layer_ids
 from pipeline.drafters.block.lightning import BlockDistillModule, evaluate_blocks
 from pipeline.drafters.block.mask import resolve_mask
-from pipeline.drafters.block.model import build_drafter, build_target_layer_ids, verifier_parts
+from pipeline.drafters.block.model import build_drafter, verifier_parts
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary

@@ -33,3 +33,8 @@ class ARDrafterConfig(Section):
         if self.num_heads % self.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
         return self
+
+
+def feature_layers(cfg: ARDrafterConfig, depth: int) -> set[int]:
+    """None beyond the last layer every feature set holds: the AR drafter learns the verifier's logits only."""
+    return set()

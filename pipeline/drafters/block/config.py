@@ -8,6 +8,7 @@ from pydantic import Field, PositiveInt, StrictBool, model_validator
 
 from pipeline.config.section import Section, cross_check
 from pipeline.config.trainer_config import TrainerConfig
+from pipeline.errors import DraftlineError
 
 
 class BlockLossConfig(Section):
@@ -116,3 +117,34 @@ def _target_layers_exist(params) -> None:
             f"train.block.target_layer_ids {layer_ids} out of range for the {depth}-layer bootstrap verifier "
             f"(valid: 0..{depth - 1})"
         )
+
+
+def build_target_layer_ids(num_verifier_layers: int, count: int) -> list[int]:
+    """`count` verifier layers spread uniformly from the 2nd to the 3rd-from-last (0-based layer ids).
+
+    The rule of z-lab/dflash (a single layer: the middle one), with duplicates dropped so a shallow
+    verifier gets fewer, distinct layers. Layer id i is `hidden_states[i + 1]` (index 0 is the embeddings).
+    """
+    if num_verifier_layers < 1 or count < 1:
+        raise ValueError(f"need >= 1 verifier layer and >= 1 selected layer, got {num_verifier_layers}, {count}")
+    start, end = 1, num_verifier_layers - 3
+    if count == 1 or end <= start:
+        return [num_verifier_layers // 2]
+    span = end - start
+    ids = [int(round(start + i * span / (count - 1))) for i in range(count)]
+    return sorted(set(ids))
+
+
+def target_layer_ids(cfg: BlockDrafterConfig, depth: int) -> list[int]:
+    """The verifier layers feeding the drafter: params' own, or `num_feature_layers` spread over `depth`."""
+    layer_ids = cfg.target_layer_ids or build_target_layer_ids(depth, cfg.num_feature_layers)
+    if any(not 0 <= layer_id < depth for layer_id in layer_ids):
+        raise DraftlineError(f"train.block.target_layer_ids {layer_ids} out of range for a {depth}-layer verifier; "
+                             f"use ids in 0..{depth - 1} or null for the default spread")
+    return layer_ids
+
+
+def feature_layers(cfg: BlockDrafterConfig, depth: int) -> set[int]:
+    """The verifier `hidden_states` indices the drafter reads (layer id i is index i + 1): what extract_features
+    stores for it (pipeline/features/store.py)."""
+    return {layer_id + 1 for layer_id in target_layer_ids(cfg, depth)}

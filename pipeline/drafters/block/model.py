@@ -39,28 +39,12 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedMode
 from transformers import initialization as init
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
-from pipeline.drafters.block.config import BlockDrafterConfig
+from pipeline.drafters.block.config import BlockDrafterConfig, build_target_layer_ids, target_layer_ids
 from pipeline.drafters.rope import apply_rope, rope_cos_sin
 from pipeline.errors import DraftlineError
 from pipeline.integrity import load_pretrained, require_checkpoint
 
 MASK_MODES = ("token", "learned")
-
-
-def build_target_layer_ids(num_verifier_layers: int, count: int) -> list[int]:
-    """`count` verifier layers spread uniformly from the 2nd to the 3rd-from-last (0-based layer ids).
-
-    The rule of z-lab/dflash (a single layer: the middle one), with duplicates dropped so a shallow
-    verifier gets fewer, distinct layers. Layer id i is `hidden_states[i + 1]` (index 0 is the embeddings).
-    """
-    if num_verifier_layers < 1 or count < 1:
-        raise ValueError(f"need >= 1 verifier layer and >= 1 selected layer, got {num_verifier_layers}, {count}")
-    start, end = 1, num_verifier_layers - 3
-    if count == 1 or end <= start:
-        return [num_verifier_layers // 2]
-    span = end - start
-    ids = [int(round(start + i * span / (count - 1))) for i in range(count)]
-    return sorted(set(ids))
 
 
 class DFlashConfig(PretrainedConfig):
@@ -533,15 +517,6 @@ def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: 
         eos_token_id=getattr(text, "eos_token_id", None),
         pad_token_id=getattr(text, "pad_token_id", None),
     )
-
-
-def target_layer_ids(cfg: BlockDrafterConfig, depth: int) -> list[int]:
-    """The verifier layers feeding the drafter: params' own, or `num_feature_layers` spread over `depth`."""
-    layer_ids = cfg.target_layer_ids or build_target_layer_ids(depth, cfg.num_feature_layers)
-    if any(not 0 <= layer_id < depth for layer_id in layer_ids):
-        raise DraftlineError(f"train.block.target_layer_ids {layer_ids} out of range for a {depth}-layer verifier; "
-                             f"use ids in 0..{depth - 1} or null for the default spread")
-    return layer_ids
 
 
 def build_drafter(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: int | None,

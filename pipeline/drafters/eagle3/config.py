@@ -8,6 +8,7 @@ from pydantic import Field, StrictBool, field_validator, model_validator
 
 from pipeline.config.section import Section, unique
 from pipeline.config.trainer_config import TrainerConfig
+from pipeline.errors import DraftlineError
 
 
 class Eagle3LossConfig(Section):
@@ -59,3 +60,27 @@ class Eagle3DrafterConfig(Section):
     @classmethod
     def _distinct(cls, value: Optional[list[int]]) -> Optional[list[int]]:
         return None if value is None else unique(value, "aux layer ids")
+
+
+def default_aux_layer_ids(depth: int) -> list[int]:
+    """vLLM's default for a verifier of `depth` layers, (2, depth // 2, depth − 3), when those are three
+    distinct ids in 1..depth−1; otherwise (shallow verifiers) up to three spread over 1..depth−1.
+
+    Layer id L is the residual stream entering layer L: HF `hidden_states[L]`. The last layer's output
+    is excluded because HF returns it after the final norm while vLLM taps it before.
+    """
+    if depth < 2:
+        raise DraftlineError(f"EAGLE-3 needs a verifier with >= 2 layers, got {depth}")
+    ids = [2, depth // 2, depth - 3]
+    if len(set(ids)) == 3 and all(1 <= i < depth for i in ids):
+        return ids
+    count = min(3, depth - 1)
+    if count == 1:
+        return [1]
+    return sorted({int(round(1 + i * (depth - 2) / (count - 1))) for i in range(count)})
+
+
+def feature_layers(cfg: Eagle3DrafterConfig, depth: int) -> set[int]:
+    """The verifier `hidden_states` indices the head reads (its aux layer ids are those indices): what
+    extract_features stores for it (pipeline/features/store.py)."""
+    return set(cfg.aux_layer_ids or default_aux_layer_ids(depth))

@@ -30,28 +30,10 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
-from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
+from pipeline.drafters.eagle3.config import Eagle3DrafterConfig, default_aux_layer_ids
 from pipeline.drafters.rope import apply_rope, rope_cos_sin
 from pipeline.errors import DraftlineError
 from pipeline.integrity import load_pretrained, require_checkpoint
-
-
-def default_aux_layer_ids(depth: int) -> list[int]:
-    """vLLM's default for a verifier of `depth` layers, (2, depth // 2, depth − 3), when those are three
-    distinct ids in 1..depth−1; otherwise (shallow verifiers) up to three spread over 1..depth−1.
-
-    Layer id L is the residual stream entering layer L: HF `hidden_states[L]`. The last layer's output
-    is excluded because HF returns it after the final norm while vLLM taps it before.
-    """
-    if depth < 2:
-        raise DraftlineError(f"EAGLE-3 needs a verifier with >= 2 layers, got {depth}")
-    ids = [2, depth // 2, depth - 3]
-    if len(set(ids)) == 3 and all(1 <= i < depth for i in ids):
-        return ids
-    count = min(3, depth - 1)
-    if count == 1:
-        return [1]
-    return sorted({int(round(1 + i * (depth - 2) / (count - 1))) for i in range(count)})
 
 
 def draft_vocabulary(sequences: Iterable[Sequence[int]], vocab_size: int, size: int) -> Tensor:

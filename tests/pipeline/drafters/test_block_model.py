@@ -10,9 +10,9 @@ import torch
 from safetensors import safe_open
 
 from pipeline.drafters.block.anchors import block_targets
-from pipeline.drafters.block.config import BlockDrafterConfig, BlockLossConfig
+from pipeline.drafters.block.config import BlockDrafterConfig, BlockLossConfig, build_target_layer_ids
 from pipeline.drafters.block.losses import block_loss, default_gamma, position_weights
-from pipeline.drafters.block.model import DFlashDraftModel, build_target_layer_ids, drafter_config, verifier_parts
+from pipeline.drafters.block.model import DFlashDraftModel, drafter_config, verifier_parts
 from tests.support.tiny_models import tiny_qwen3
 
 CE = BlockLossConfig(ce=1.0, fkl=0.0)

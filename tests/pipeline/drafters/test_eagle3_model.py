@@ -7,13 +7,12 @@ import pytest
 import torch
 
 from pipeline.config.sampling_config import SamplingConfig
-from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
+from pipeline.drafters.eagle3.config import Eagle3DrafterConfig, default_aux_layer_ids
 from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
 from pipeline.drafters.eagle3.lightning import to_draft_ids
 from pipeline.drafters.eagle3.model import (
     Eagle3Cache,
     build_drafter,
-    default_aux_layer_ids,
     draft_vocabulary,
 )
 from pipeline.drafters.speculative_loop import decode
