@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.config.corpus_config import VllmConfig
+from pipeline.config.vllm_config import VllmConfig
 from pipeline.errors import DraftlineError
 from pipeline.server_process import CPU_SEEDED_SAMPLING_ARGS, free_port, on_cpu, running_server
 from pipeline.serving_venv import serve_python

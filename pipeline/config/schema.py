@@ -8,6 +8,7 @@ from pipeline.config.base import DEFAULT_PARAMS_PATH
 from pipeline.config.corpus_config import CorpusConfig
 from pipeline.config.evaluate_config import EvaluateConfig
 from pipeline.config.export_config import ExportConfig
+from pipeline.config.features_config import FeaturesConfig
 from pipeline.config.loader import load_params, parse_params
 from pipeline.config.promote_config import PromoteConfig
 from pipeline.config.serve_check_config import ServeCheckConfig
@@ -20,6 +21,7 @@ from pipeline.config.verifier_config import VerifierConfig
 class Params(StageParams):
     verifier: VerifierConfig = VerifierConfig()
     corpus: CorpusConfig = CorpusConfig()
+    features: FeaturesConfig = FeaturesConfig()
     train: TrainConfig = TrainConfig()
     export: ExportConfig = ExportConfig()
     evaluate: EvaluateConfig = EvaluateConfig()

@@ -3,6 +3,7 @@ and every kind's recipe receives."""
 
 from __future__ import annotations
 
+from pipeline.config.features_config import FeaturesConfig
 from pipeline.config.stage_params import StageParams
 from pipeline.config.tracking_config import TrackingConfig
 from pipeline.config.train_config import TrainConfig
@@ -11,5 +12,6 @@ from pipeline.config.verifier_config import VerifierConfig
 
 class TrainParams(StageParams):
     verifier: VerifierConfig = VerifierConfig()
+    features: FeaturesConfig = FeaturesConfig()
     train: TrainConfig = TrainConfig()
     tracking: TrackingConfig = TrackingConfig()

@@ -32,9 +32,10 @@ from data_prep.corpus import COLUMNS, load_corpus
 from data_prep.engines import Request, openai_client
 from data_prep.engines.openai_client import EndpointDown, OpenAIEngine
 from data_prep.engines.vllm_server import serve_command, vllm_server
-from pipeline.config.corpus_config import CorpusConfig, VllmConfig
+from pipeline.config.corpus_config import CorpusConfig
 from pipeline.config.sampling_config import SamplingConfig
 from pipeline.config.schema import load_all
+from pipeline.config.vllm_config import VllmConfig
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.serving_venv import serve_python

@@ -88,6 +88,10 @@ class BlockDrafterConfig(Section):
         "fkl) after its first forward and reuse them every later epoch: exact, and saves the frozen forward per "
         "step; costs T·(num_feature_layers·hidden + 1) floats per corpus row (T·vocab more with fkl) of memory",
     )
+    features: Literal["offline", "online"] = Field(
+        "offline", description="offline: learn from artifacts/features (stage extract_features) and never load the "
+        "verifier's decoder layers, so any verifier size trains; online: run the verifier forward in every training process",
+    )
     trainer: TrainerConfig = TrainerConfig()
 
     @model_validator(mode="after")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field, StrictBool, field_validator, model_validator
 
@@ -53,6 +53,10 @@ class Eagle3DrafterConfig(Section):
     cache_verifier_outputs: StrictBool = Field(
         False, description="keep each batch's verifier outputs (aux hidden states, argmax; draft-vocabulary logits "
         "for fkl) after its first forward and reuse them every later epoch",
+    )
+    features: Literal["offline", "online"] = Field(
+        "offline", description="offline: learn from artifacts/features (stage extract_features) and never load the "
+        "verifier's decoder layers, so any verifier size trains; online: run the verifier forward in every training process",
     )
     trainer: TrainerConfig = TrainerConfig()
 
