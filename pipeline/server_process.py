@@ -111,11 +111,14 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 @contextlib.contextmanager
 def running_server(command: list[str], port: int, log_path: Path, timeout_s: float, timeout_key: str,
-                   env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+                   env: dict[str, str] | None = None, pythonpath: Path | None = None) -> Iterator[subprocess.Popen]:
     """`command` (a server listening on `port`) ready inside the block, its whole process group gone after it.
-    `timeout_key` names the setting that bounds the start, for the error."""
+    `timeout_key` names the setting that bounds the start, for the error. `pythonpath`: a directory of modules
+    the server loads by name (a vLLM KV connector), its only PYTHONPATH."""
     # The serve env stands alone: our PYTHONPATH (draftline, its pins) must not leak into it.
     env = {key: value for key, value in (os.environ if env is None else env).items() if key != "PYTHONPATH"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with _sigterm_as_interrupt(), open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

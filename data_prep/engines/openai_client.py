@@ -88,7 +88,7 @@ def retry_after_s(error: urllib.error.HTTPError) -> float | None:
         return None
 
 
-def _error_message(error: urllib.error.HTTPError) -> str:
+def error_message(error: urllib.error.HTTPError) -> str:
     try:
         body = json.loads(error.read().decode("utf-8", "replace"))
         message = body.get("error", body) if isinstance(body, dict) else body
@@ -176,7 +176,7 @@ class OpenAIEngine:
             except urllib.error.HTTPError as error:
                 if error.code not in RETRYABLE_STATUS:
                     raise DraftlineError(
-                        f"endpoint {redact_url(url)} rejected {path} (HTTP {error.code}: {_error_message(error)})"
+                        f"endpoint {redact_url(url)} rejected {path} (HTTP {error.code}: {error_message(error)})"
                     ) from None
                 reason = f"HTTP {error.code}"
                 asked = retry_after_s(error)
