@@ -50,10 +50,11 @@ def tiny_qwen3(vocab_size: int, *, hidden_size: int = 32, num_layers: int = 4, s
     return model
 
 
-def save_tiny_verifier(directory: Path, *, seed: int = 0, num_layers: int = 4):
-    """A random tiny verifier saved as a standard HF checkpoint dir (model + tokenizer)."""
+def save_tiny_verifier(directory: Path, *, seed: int = 0, num_layers: int = 4, hidden_size: int = 32):
+    """A random tiny verifier saved as a standard HF checkpoint dir (model + tokenizer). vLLM's CPU attention
+    needs `hidden_size` 128 (head_dim 32; it rejects 8)."""
     tokenizer = tiny_tokenizer()
-    model = tiny_qwen3(len(tokenizer), num_layers=num_layers, seed=seed,
+    model = tiny_qwen3(len(tokenizer), hidden_size=hidden_size, num_layers=num_layers, seed=seed,
                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
