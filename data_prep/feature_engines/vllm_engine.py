@@ -65,7 +65,7 @@ class VllmFeatureEngine:
         self._url: str | None = None
         self._layers: list[int] | None = None
         self.version = "unknown"
-        self.tokens, self.seconds = 0, 0.0  # extraction only, server start-up excluded
+        self.tokens, self.seconds = 0, 0.0  # extraction only, server start-ups excluded
 
     def describe(self) -> dict:
         return {"name": "vllm", "version": self.version, "vllm": {**self.config.model_dump(mode="json"), "dtype": self.dtype},
@@ -73,11 +73,13 @@ class VllmFeatureEngine:
 
     def extract(self, rows: list[list[int]], layers: list[int]) -> list[dict[int, torch.Tensor]]:
         """Per row {layer: (tokens, hidden) float32 on the CPU}; layer N before the final norm."""
+        if not rows:
+            return []
         ids = sorted(set(layers))
         if ids != self._layers:
             self._start(ids)
         start = time.monotonic()
-        pool = ThreadPoolExecutor(min(len(rows), IN_FLIGHT_PER_ENGINE * self.config.data_parallel_size) or 1)
+        pool = ThreadPoolExecutor(min(len(rows), IN_FLIGHT_PER_ENGINE * self.config.data_parallel_size))
         try:
             states = list(pool.map(self._row_states, rows))
         finally:
@@ -95,7 +97,7 @@ class VllmFeatureEngine:
 
     def _start(self, layers: list[int]) -> None:
         self.close()
-        self._layers, self.tokens, self.seconds = None, 0, 0.0
+        self._layers = None
         self.scratch.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         server = self._server.enter_context(vllm_server(

@@ -56,6 +56,7 @@ def test_vllm_states_equal_hf_per_layer(tmp_path, monkeypatch, capsys):
         extracted = engine.extract(rows, layers)
         with pytest.raises(DraftlineError, match="rejected a row of 600 tokens"):  # past max_model_len
             engine.extract([[5] * 600], layers)
+        embeddings = engine.extract(rows[:3], [0])  # other layers: the server restarts for them
         description = engine.describe()
     finally:
         engine.close()
@@ -67,6 +68,8 @@ def test_vllm_states_equal_hf_per_layer(tmp_path, monkeypatch, capsys):
         for layer, reference in hf_states(model, row, layers).items():
             assert states[layer].dtype == torch.float32 and states[layer].shape == (len(row), 128)
             worst[layer] = max(worst[layer], (states[layer] - reference).abs().max().item())
+    for row, states in zip(rows, embeddings):
+        assert list(states) == [0] and torch.equal(states[0], hf_states(model, row, [0])[0])
     with capsys.disabled():
         print("\nvllm vs HF hidden states (fp32), max abs diff per layer: "
               + ", ".join(f"{layer}: {diff:.1e}" for layer, diff in worst.items()))
