@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from pipeline.atomic import write_json_atomic
+from pipeline.atomic import _umask_mode, write_json_atomic
 from pipeline.errors import DraftlineError
 
 INDEX_NAME = "index.json"
@@ -101,6 +101,7 @@ def write_shard(path: Path, rows: list[tuple[list[int], int]], layers: dict[int,
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     save_file(tensors, str(partial), metadata=metadata)
+    partial.chmod(_umask_mode(0o666))  # safetensors creates it private; a server running as another user reads it
     partial.replace(path)
     return file_sha256(path)
 
