@@ -1,5 +1,6 @@
-"""Stage `extract_features`: the verifier's hidden states for every corpus row, stored as a dataset that
-the kinds trained offline (`train.<kind>.features: offline`) read instead of running the verifier
+"""Stage `extract_features`: the verifier's hidden states for every corpus row, as a dataset.
+
+The kinds trained offline (`train.<kind>.features: offline`) read it instead of running the verifier
 (format: pipeline/features/store.py).
 
 Rows are `row_sequence(prompt, response, features.max_seq_len)` of every row of every split; the layers are
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from safetensors import safe_open
 from transformers import AutoConfig
 
 from data_prep.corpus import SPLITS, corpus_hash, load_corpus
@@ -48,6 +48,7 @@ from pipeline.features.store import (
     ShardEntry,
     SplitEntry,
     file_sha256,
+    shard_metadata,
     shard_name,
     write_index,
     write_shard,
@@ -144,8 +145,7 @@ def finished_sha(path: Path, fingerprint: dict[str, str]) -> str | None:
     """The shard's sha256 when it is committed for this fingerprint and intact, else None."""
     try:
         recorded = sha_path(path).read_text(encoding="utf-8").split()[0]
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
+        metadata = shard_metadata(path)
     except Exception:  # noqa: BLE001 - missing, truncated or not safetensors: redone all the same
         return None
     if any(metadata.get(key) != value for key, value in fingerprint.items()):
@@ -301,8 +301,7 @@ def run(params: FeaturesParams, args: argparse.Namespace) -> None:
 
 def recorded_engine(path: Path) -> dict:
     """The engine a reused shard was made by (its metadata), for the index of a run that extracted nothing."""
-    with safe_open(str(path), framework="pt") as handle:
-        return json.loads((handle.metadata() or {}).get("engine", "{}"))
+    return json.loads(shard_metadata(path).get("engine", "{}"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
