@@ -216,10 +216,11 @@ def shard_fingerprint(shard: Shard) -> dict[str, str]:
 
 
 def remove_stale(directory: Path, keep: set[str]) -> int:
-    """Remove what is not one of this run's shards (other inputs' shards, a killed write's partial file)."""
+    """Remove what is not one of this run's shards (other inputs' shards, a killed write's partial file);
+    an engine's log (`*.log`) stays for whoever debugs it."""
     removed = 0
     for entry in directory.iterdir() if directory.is_dir() else ():
-        if entry.name not in keep:
+        if entry.name not in keep and entry.suffix != ".log":
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
             removed += 1
     return removed

@@ -106,10 +106,12 @@ def test_a_killed_extraction_resumes_to_the_same_bytes(reference, workspace, cap
     (features / INDEX_NAME).unlink()
     (features / "train-00001.safetensors").rename(features / "train-00001.safetensors.partial")
     (features / "test-00000.safetensors.sha256").unlink()
+    (features / "vllm-serve.log").write_text("an engine's log")
     capsys.readouterr()
     assert run(workspace) == 0
     assert "3 / 2 of 5" in capsys.readouterr().err
-    assert shard_bytes(workspace) == shard_bytes(reference)  # the partial file is gone too
+    (features / "vllm-serve.log").unlink()  # kept
+    assert shard_bytes(workspace) == shard_bytes(reference)  # the partial file is gone
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
