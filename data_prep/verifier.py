@@ -23,9 +23,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def load_model_and_tokenizer(
     location: str, dtype: str = "float32", trust_remote_code: bool = False, allow_pickle_weights: bool = False,
+    device_map: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Local files only; safetensors only unless `allow_pickle_weights` (then pickled weights are unpickled
-    weights-only: tensors, never code); the model comes back frozen in eval mode."""
+    weights-only: tensors, never code); the model comes back frozen in eval mode, on the CPU unless
+    `device_map` places it (transformers' `device_map`: "auto" spreads it over every GPU)."""
     transformers_logging.disable_progress_bar()  # weight-loading bars would drown the stage's own
     if Path(location).is_dir():  # a truncated weights file is one line here, not a loader traceback
         fix = "restore the verifier's files (or re-run `dvc repro bootstrap_verifier`)"
@@ -34,7 +36,7 @@ def load_model_and_tokenizer(
     try:
         model = AutoModelForCausalLM.from_pretrained(
             location, dtype=_DTYPES[dtype], use_safetensors=None if allow_pickle_weights else True,
-            weights_only=True, trust_remote_code=trust_remote_code, local_files_only=True,
+            weights_only=True, trust_remote_code=trust_remote_code, local_files_only=True, device_map=device_map,
         )
         tokenizer = AutoTokenizer.from_pretrained(
             location, trust_remote_code=trust_remote_code, local_files_only=True

@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "params": ("pipeline.params_cmd", "validate params.yaml (`params check`), or print every effective value (`params show`)"),
     "bootstrap_verifier": ("data_prep.bootstrap_verifier", "train the offline demo verifier, or record an external one"),
     "build_corpus": ("data_prep.build_corpus", "regenerate responses with the verifier into the corpus"),
+    "extract_features": ("data_prep.extract_features", "the verifier's hidden states per corpus row, for the kinds "
+                         "trained offline (`--part i/N`: one of N copies)"),
     "train": ("train.dispatch", f"distill a drafter (`--drafter {'|'.join(DRAFTER_NAMES)}`)"),
     "export": ("export.export", "serving checkpoints, ONNX with parity, TensorRT engines"),
     "evaluate": ("serve_eval.evaluate", "speculative decoding evaluation on the corpus test split"),

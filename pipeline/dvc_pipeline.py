@@ -22,11 +22,13 @@ import argparse
 import ast
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Sequence
 
 import yaml
 
+from pipeline.config.features_config import offline_kinds
 from pipeline.config.loader import load_params
+from pipeline.config.train_config import TrainConfig
 from pipeline.drafters.registry import KIND_SPECS
 from pipeline.errors import DraftlineError
 from pipeline.stage_inputs import STAGE_INPUTS, InputParams
@@ -53,11 +55,19 @@ def drafter_dirs() -> list[str]:
     return [f"{ARTIFACTS}/drafters/{name}" for name in KIND_SPECS]
 
 
-def train_stage(name: str) -> dict:
+def feature_params() -> list[str]:
+    """The `train` keys extract_features reads: which kinds train offline, and the keys their layers follow
+    from (`KindSpec.feature_params`); a kind's other training params do not rerun an extraction."""
+    return [key for name, spec in KIND_SPECS.items()
+            for key in (f"train.{name}.features", *(f"train.{name}.{param}" for param in spec.feature_params))]
+
+
+def train_stage(name: str, offline: bool) -> dict:
+    """`offline`: params.yaml trains the kind from the extracted features, which are then its dep too."""
     spec = KIND_SPECS[name]
     stage = {
         "cmd": f"python -m train.dispatch --drafter {name}",
-        "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus"],
+        "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus", *([f"{ARTIFACTS}/features"] if offline else [])],
         "params": [f"train.{name}", "project.seed", "tracking", *VERIFIER_PARAMS],
         "outs": [f"{ARTIFACTS}/drafters/{name}", {f"{ARTIFACTS}/checkpoints/{name}": UNCACHED}],
         "metrics": [{f"{METRICS}/train_{name}.json": UNCACHED}],
@@ -67,8 +77,9 @@ def train_stage(name: str) -> dict:
     return stage
 
 
-def stages() -> dict[str, dict]:
-    """Every stage in run order, without code deps (`generate` adds them)."""
+def stages(offline: Collection[str] = ()) -> dict[str, dict]:
+    """Every stage in run order, without code deps (`generate` adds them); `offline`: the kinds params.yaml
+    trains from extracted features."""
     return {
         "bootstrap_verifier": {
             "cmd": "python -m data_prep.bootstrap_verifier",
@@ -83,7 +94,18 @@ def stages() -> dict[str, dict]:
             # finished generation shards are kept across runs so a killed build resumes
             "outs": [f"{ARTIFACTS}/corpus", {f"{ARTIFACTS}/corpus_shards": UNCACHED}],
         },
-        **{f"train_{name}": train_stage(name) for name in KIND_SPECS},
+        "extract_features": {
+            "cmd": "python -m data_prep.extract_features",
+            "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus"],
+            # run inside the vLLM server (features.engine vllm), not imported
+            "scripts": ["data_prep/feature_engines/vllm_connector/draftline_hidden_states.py"],
+            "params": ["features", *feature_params(), *VERIFIER_PARAMS],
+            # hashed by DVC (training reruns when they change) but not copied into its cache: features are
+            # derived, and terabytes for a big verifier and corpus; the shards are kept so a killed run resumes
+            "outs": [{f"{ARTIFACTS}/features": UNCACHED}],
+            "metrics": [{f"{METRICS}/features.json": UNCACHED}],
+        },
+        **{f"train_{name}": train_stage(name, name in offline) for name in KIND_SPECS},
         "export": {
             "cmd": "python -m export.export",
             "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus", *drafter_dirs()],
@@ -206,10 +228,16 @@ def persistent(outs: list) -> list:
             else {path: {**options, "persist": True} for path, options in out.items()} for out in outs]
 
 
+class GeneratorParams(InputParams):
+    """What decides dvc.yaml beyond the code: the files params.yaml names, and the kinds trained offline."""
+
+    train: TrainConfig = TrainConfig()
+
+
 def generate() -> str:
-    params = load_params(InputParams, PARAMS_YAML)
+    params = load_params(GeneratorParams, PARAMS_YAML)
     table = {}
-    for name, stage in stages().items():
+    for name, stage in stages(offline_kinds(params.train)).items():
         inputs = STAGE_INPUTS[name](params, REPO) if name in STAGE_INPUTS else []
         stage = {**stage, "deps": [*stage["deps"], *inputs, *code_deps(stage)]}
         stage.update({key: persistent(stage[key]) for key in ("outs", "metrics", "plots") if key in stage})

@@ -44,6 +44,12 @@ class ArtifactPaths:
         """Finished generation shards; kept (DVC `persist`) so a killed build_corpus resumes."""
         return self.root / "corpus_shards"
 
+    @property
+    def features(self) -> Path:
+        """The verifier's hidden states per corpus row (pipeline/features/store.py); shards kept (DVC `persist`)
+        so a killed extract_features resumes."""
+        return self.root / "features"
+
     def drafter(self, kind: DrafterName) -> Path:
         return self.root / "drafters" / kind
 

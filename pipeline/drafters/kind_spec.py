@@ -16,6 +16,9 @@ class KindSpec:
     config_class: str  # the class in its `config` module that is its `train.<name>` section of params.yaml
     # dvc.yaml plots of stage train_<name> beyond the shared ones: {path under the plots dir: DVC plot options}
     train_plots: tuple[tuple[str, dict], ...] = ()
+    # the keys of `train.<name>` its config's `feature_layers` reads: extract_features reruns when they change,
+    # not when the kind's other training params do
+    feature_params: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:

@@ -20,6 +20,7 @@ training process's RAM does not grow with the corpus.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -29,10 +30,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from pipeline.atomic import write_json_atomic
+from pipeline.atomic import _umask_mode, write_json_atomic
 from pipeline.errors import DraftlineError
 
 INDEX_NAME = "index.json"
+METADATA_KEY = "draftline"  # the one safetensors metadata key of a shard: its `metadata`, as JSON
 FORMAT_VERSION = 1
 FeatureDType = Literal["float32", "bfloat16", "float16"]
 _HINT = "rerun the extract_features stage (dvc repro extract_features)"
@@ -100,9 +102,18 @@ def write_shard(path: Path, rows: list[tuple[list[int], int]], layers: dict[int,
         tensors[f"layer.{layer}"] = torch.cat(states).to(getattr(torch, dtype)).contiguous()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    save_file(tensors, str(partial), metadata=metadata)
+    # safetensors writes its metadata map in hash order, which differs from process to process: one key holding
+    # sorted JSON keeps the bytes a function of the inputs
+    save_file(tensors, str(partial), metadata={METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+    partial.chmod(_umask_mode(0o666))  # safetensors creates it private; a server running as another user reads it
     partial.replace(path)
     return file_sha256(path)
+
+
+def shard_metadata(path: Path) -> dict[str, str]:
+    """The `metadata` a shard was written with (safetensors raises its own errors for a damaged file)."""
+    with safe_open(str(path), framework="pt") as handle:
+        return json.loads((handle.metadata() or {}).get(METADATA_KEY, "{}"))
 
 
 def write_index(directory: Path, index: FeatureIndex) -> None:

@@ -16,7 +16,7 @@ from pipeline.dvc_pipeline import PACKAGES, code_deps, entry_modules, import_clo
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-FLOW = ["bootstrap_verifier", "build_corpus", *(f"train_{name}" for name in KIND_SPECS), "export", "evaluate",
+FLOW = ["bootstrap_verifier", "build_corpus", "extract_features", *(f"train_{name}" for name in KIND_SPECS), "export", "evaluate",
         "serve_check", "promote"]
 
 

@@ -61,14 +61,36 @@ def recorded_repo(tmp_path_factory) -> Path:
     ("pipeline/config/serve_check_config.py", "skip vLLM's torch.compile warm-up", "no torch.compile warm-up",
      {"serve_check", "promote"}),
     ("pipeline/drafters/eagle3/config.py", "training-time test: the head", "training-time test: the EAGLE-3 head",
-     # the kind's config module is also its model code's (export, evaluate and serve_check build the drafter)
-     {"train_ar", "train_block", "train_eagle3", "export", "evaluate", "serve_check"}),
+     # the kind's config module is also its model code's (export, evaluate and serve_check build the drafter),
+     # and names the verifier layers extract_features stores for it
+     {"extract_features", "train_ar", "train_block", "train_eagle3", "export", "evaluate", "serve_check"}),
 ])
 def test_a_schema_edit_marks_only_the_stages_that_read_it(recorded_repo, module, old, new, stages):
     path = recorded_repo / module
     original = path.read_text()
     assert old in original, f"{module} no longer says {old!r}; pick another line to edit"
     path.write_text(original.replace(old, new))
+    try:
+        changed = set(json.loads(_dvc(recorded_repo, "status", "--json")))
+    finally:
+        path.write_text(original)
+    assert changed == stages
+
+
+@pytest.mark.parametrize(("keys", "value", "stages"), [
+    (("train", "block", "num_feature_layers"), 3, {"extract_features", "train_block"}),
+    # a kind's other training params leave the (possibly terabytes of) extracted features alone
+    (("train", "block", "trainer", "learning_rate"), 0.01, {"train_block"}),
+])
+def test_extract_features_reruns_on_the_params_its_layers_follow_from_only(recorded_repo, keys, value, stages):
+    path = recorded_repo / "params.yaml"
+    original = path.read_text()
+    params = yaml.safe_load(original)
+    node = params
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    path.write_text(yaml.safe_dump(params))
     try:
         changed = set(json.loads(_dvc(recorded_repo, "status", "--json")))
     finally:

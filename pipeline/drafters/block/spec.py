@@ -8,6 +8,7 @@ from pipeline.drafters.kind_spec import KindSpec
 BLOCK = KindSpec(
     package=__package__,
     config_class="BlockDrafterConfig",
+    feature_params=("target_layer_ids", "num_feature_layers"),
     train_plots=(
         ("train_block_tau.csv", {"cache": False, "x": "step", "y": "decode_tau",
                                  "title": "block drafter greedy-decode tau during training (prefill included)"}),

@@ -4,4 +4,4 @@ from __future__ import annotations
 
 from pipeline.drafters.kind_spec import KindSpec
 
-EAGLE3 = KindSpec(package=__package__, config_class="Eagle3DrafterConfig")
+EAGLE3 = KindSpec(package=__package__, config_class="Eagle3DrafterConfig", feature_params=("aux_layer_ids",))
