@@ -79,7 +79,7 @@ def workspace_params(kind: str, features: str, engine: str, steps: int) -> dict:
     train = {name: {"features": "offline" if name == kind else "online", "trainer": dict(trainer)}
              for name in KIND_SPECS}
     train[kind]["features"] = features
-    if kind in ("block", "eagle3"):
+    if "decode_prompts" in KIND_SPECS[kind].config.model_fields:
         train[kind]["decode_prompts"] = 0  # decoding needs the whole verifier: not what this measures
     return {"verifier": {"dtype": "float32"}, "features": {"engine": engine, "dtype": "bfloat16"}, "train": train}
 
