@@ -44,6 +44,10 @@ class ArtifactPaths:
         """Finished generation shards; kept (DVC `persist`) so a killed build_corpus resumes."""
         return self.root / "corpus_shards"
 
+    @property
+    def features(self) -> Path:
+        return self.root / "features"
+
     def drafter(self, kind: DrafterName) -> Path:
         return self.root / "drafters" / kind
 
