@@ -16,7 +16,7 @@ DrafterName = Literal[DRAFTER_NAMES]  # type: ignore[valid-type]  # built from t
 DEFAULT_PARAMS_PATH = Path("params.yaml")
 
 # The top-level sections of params.yaml; a stage validates only its own, but a misspelt one fails everywhere.
-SECTION_NAMES = ("project", "verifier", "corpus", "train", "export", "evaluate", "tracking", "serve_check", "promote")
+SECTION_NAMES = ("project", "verifier", "corpus", "features", "train", "export", "evaluate", "tracking", "serve_check", "promote")
 
 # A domain is whatever the corpus sources call it; no dots, since metrics are keyed `<domain>.<metric>`.
 DOMAIN_PATTERN = r"^[A-Za-z0-9_-]+$"

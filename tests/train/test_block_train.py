@@ -14,6 +14,7 @@ from pipeline.config.schema import load_all, parse_all
 from pipeline.drafters.block.anchors import sample_anchors
 from pipeline.drafters.block.lightning import anchor_generator
 from pipeline.drafters.block.model import DFlashDraftModel
+from tests.support.features import FEATURES_PARAMS
 from tests.support.workspace import make_artifacts
 
 BLOCK = 4
@@ -24,8 +25,9 @@ def write_block_params(root, **trainer) -> object:
         "project": {"artifacts_dir": str(root / "artifacts"), "metrics_dir": str(root / "metrics"),
                     "plots_dir": str(root / "plots")},
         "train": {"block": {"block_size": BLOCK, "num_layers": 1, "anchors_per_sequence": 6,
-                            "trainer": {"batch_size": 4, "learning_rate": 0.01, "warmup_steps": 2, "max_seq_len": 32,
+                            "trainer": {"batch_size": 4, "learning_rate": 0.01, "warmup_steps": 2,
                                         "val_every_n_steps": 1000, **trainer}}},
+        "features": FEATURES_PARAMS,
         "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}"},
     }
     parse_all(data)

@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 from pipeline.config.schema import load_all, parse_all
 from pipeline.drafters.eagle3.model import load_drafter
+from tests.support.features import FEATURES_PARAMS
 from tests.support.workspace import make_artifacts
 
 STEPS = 3
@@ -26,8 +27,9 @@ def test_train_eagle3_stage_lowers_loss(tmp_path):
                     "plots_dir": str(tmp_path / "plots")},
         "train": {"eagle3": {"ttt_steps": STEPS, "draft_tokens": 3, "draft_vocab_size": 120,
                              "cache_verifier_outputs": True,
-                             "trainer": {"batch_size": 4, "learning_rate": 0.01, "warmup_steps": 2, "max_seq_len": 32,
+                             "trainer": {"batch_size": 4, "learning_rate": 0.01, "warmup_steps": 2,
                                          "max_steps": 30, "val_every_n_steps": 15, "checkpoint_every_n_steps": 10}}},
+        "features": FEATURES_PARAMS,
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
     }
     parse_all(data)
