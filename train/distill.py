@@ -25,9 +25,8 @@ from pipeline.lineage import git_commit, library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 from pipeline.tracking import check_store, tracking_uri
-from pipeline.training.decoded import DECODED_OFFLINE_NOTE
 from pipeline.training.feature_batches import TrainingFeatures, open_training_features
-from pipeline.training.feature_verifier import FeatureVerifier
+from pipeline.training.feature_verifier import DECODED_OFFLINE_NOTE, FeatureVerifier
 from pipeline.training.frozen import FrozenVerifier, VerifierSource
 from pipeline.training.params import TrainParams
 from pipeline.training.verifier_head import load_verifier_head

@@ -43,11 +43,6 @@ def decoded_acceptance(proposer: Proposer, verifier: nn.Module, prompts: Sequenc
     }
 
 
-# what the decoded keys hold when training had no full verifier to decode with (features: offline)
-OFFLINE_DECODED = {"decode_tau": None, "decode_tau_no_prefill": None, "decode_acceptance": None}
-DECODED_OFFLINE_NOTE = "decoded tau needs the full verifier: offline training leaves it to stage evaluate"
-
-
 def decode_prompts(rows: Sequence[tuple[list[int], int]], count: int) -> list[list[int]]:
     """The prompts of `count` held-out rows spread over the split (rows are (tokens, prompt_len))."""
     if count <= 0 or not rows:

@@ -16,6 +16,10 @@ from torch import Tensor
 from pipeline.training.feature_batches import batch_layers
 from pipeline.training.verifier_head import VerifierHead
 
+# Greedy decoding (decoded τ) needs the whole verifier: what the decoded keys hold offline, and why
+OFFLINE_DECODED = {"decode_tau": None, "decode_tau_no_prefill": None, "decode_acceptance": None}
+DECODED_OFFLINE_NOTE = "decoded tau needs the full verifier: offline training leaves it to stage evaluate"
+
 
 @dataclass(frozen=True)
 class FeatureOutputs:

@@ -38,7 +38,8 @@ from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.losses import acceptance_rate, block_loss, confidence_loss, position_weights
 from pipeline.drafters.block.model import DFlashDraftModel, verifier_parts
 from pipeline.training.agreement import DraftAgreement
-from pipeline.training.decoded import OFFLINE_DECODED, decode_prompts, decoded_acceptance
+from pipeline.training.decoded import decode_prompts, decoded_acceptance
+from pipeline.training.feature_verifier import OFFLINE_DECODED
 from pipeline.training.frozen import VerifierSource
 from pipeline.training.module import DrafterModule
 from pipeline.training.prompt_response_data import PromptResponseBatches

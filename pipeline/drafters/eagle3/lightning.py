@@ -25,8 +25,9 @@ from pipeline.drafters.eagle3.config import Eagle3DrafterConfig
 from pipeline.drafters.eagle3.decoding import Eagle3Proposer, TorchEagle3Head
 from pipeline.drafters.eagle3.model import Eagle3DraftModel, shift_left
 from pipeline.training.agreement import DraftAgreement
-from pipeline.training.decoded import OFFLINE_DECODED, decode_prompts, decoded_acceptance
+from pipeline.training.decoded import decode_prompts, decoded_acceptance
 from pipeline.training.distillation import ce, fkl
+from pipeline.training.feature_verifier import OFFLINE_DECODED
 from pipeline.training.frozen import VerifierSource
 from pipeline.training.module import DrafterModule
 from pipeline.training.prompt_response_data import PromptResponseBatches

@@ -62,7 +62,7 @@ def test_offline_training_equals_online(tmp_path, kind):
     online_info, online = train_weights(tmp_path, kind, "online")
     offline_info, offline = train_weights(tmp_path, kind, "offline")
     assert online.keys() == offline.keys()
-    worst = max((online[name] - offline[name]).abs().max().item() for name in online)
+    worst = max((online[name].double() - offline[name].double()).abs().max().item() for name in online)
     assert worst < 1e-4, f"{kind}: offline weights differ from online by up to {worst:.2e}"
     assert offline_info["val_loss"] == pytest.approx(online_info["val_loss"], rel=1e-4)
     assert offline_info["top1_agreement"] == pytest.approx(online_info["top1_agreement"], abs=1e-6)
