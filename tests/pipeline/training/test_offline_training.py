@@ -12,6 +12,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+from data_prep.verifier import load_model_and_tokenizer
 from pipeline.config.schema import load_all, parse_all
 from pipeline.errors import DraftlineError
 from pipeline.features.store import FeatureStore
@@ -85,16 +86,13 @@ def strip_decoder(verifier_dir) -> set[str]:
 
 @pytest.mark.slow
 def test_offline_training_never_loads_the_decoder(tmp_path, monkeypatch):
-    import train.distill
     from train.dispatch import train
 
     artifacts = make_artifacts(tmp_path)
-    from data_prep.verifier import load_model_and_tokenizer
-
     full, _ = load_model_and_tokenizer(str(artifacts / "verifier"))
     strip_decoder(artifacts / "verifier")
     write_features(artifacts, full)  # bound to the head-only verifier now recorded
-    monkeypatch.setattr(train.distill, "load_verifier", lambda *_, **__: pytest.fail("the full verifier was loaded"))
+    monkeypatch.setattr("train.distill.load_verifier", lambda *_, **__: pytest.fail("the full verifier was loaded"))
     info = train(write_params(tmp_path, "block", "offline"), "block")
     assert info["steps"] == STEPS and info["val_loss"] < info["untrained_val_loss"]
     assert info["features"] == "offline" and info["decode_tau"] is None
