@@ -27,6 +27,7 @@ from pipeline.drafters.ar.model import build_drafter
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import print_summary
 from pipeline.training.corpus_data import NextTokenDataModule
+from pipeline.training.frozen import FrozenVerifier
 from pipeline.training.params import TrainParams
 from train.trainer import build_trainer
 
@@ -73,7 +74,8 @@ def measure(params: TrainParams, strategy: str, steps: int, warmup: int) -> floa
     with tempfile.TemporaryDirectory(prefix="draftline-bench-") as scratch:
         trainer = build_trainer(tcfg, checkpoint_dir=Path(scratch), callbacks=[meter], enable_progress_bar=False,
                                 limit_val_batches=0)
-        trainer.fit(ARDistillModule(drafter, verifier, cfg.loss, tcfg, params.train.ar.draft_tokens), datamodule=data)
+        trainer.fit(ARDistillModule(drafter, FrozenVerifier(verifier), cfg.loss, tcfg, params.train.ar.draft_tokens),
+                    datamodule=data)
     return meter.tokens_per_s
 
 

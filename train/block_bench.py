@@ -113,7 +113,7 @@ def train_variant(params: TrainParams, cfg: BlockDrafterConfig, corpus: DatasetD
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="draftline-block-bench-") as scratch:
         trainer = build_trainer(tcfg, checkpoint_dir=Path(scratch), enable_progress_bar=False, limit_val_batches=0)
-        trainer.fit(BlockDistillModule(drafter, verifier, cfg, tcfg, seed), datamodule=data)
+        trainer.fit(BlockDistillModule(drafter, FrozenVerifier(verifier), cfg, tcfg, seed), datamodule=data)
     return drafter.eval(), data, time.perf_counter() - started
 
 

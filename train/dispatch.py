@@ -9,14 +9,13 @@ from typing import Sequence
 
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.base import DRAFTER_NAMES
-from pipeline.drafters.registry import KIND_SPECS
 from pipeline.training.params import TrainParams
 from train.distill import distill
 
 
 def train(params: TrainParams, kind: str) -> dict | None:
     """Train and save drafter `kind`; returns training.json's content on rank 0 (None elsewhere)."""
-    return distill(params, KIND_SPECS[kind].module("training").recipe)
+    return distill(params, kind)
 
 
 def run(params: TrainParams, args: argparse.Namespace) -> dict | None:

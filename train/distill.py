@@ -13,18 +13,23 @@ from pathlib import Path
 
 import torch
 from pydantic import BaseModel
+from transformers import PreTrainedTokenizerBase
 
 from data_prep.corpus import corpus_hash, load_corpus
 from data_prep.verifier import load_verifier
 from pipeline.atomic import write_json_atomic
+from pipeline.drafters.registry import KIND_SPECS
+from pipeline.features.store import FeatureStore
 from pipeline.integrity import refused_global
 from pipeline.lineage import git_commit, library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
 from pipeline.tracking import check_store, tracking_uri
-from pipeline.training.frozen import FrozenVerifier
+from pipeline.training.feature_batches import TrainingFeatures, open_training_features
+from pipeline.training.feature_verifier import DECODED_OFFLINE_NOTE, FeatureVerifier
+from pipeline.training.frozen import FrozenVerifier, VerifierSource
 from pipeline.training.params import TrainParams
-from pipeline.training.recipe import RecipeFactory
+from pipeline.training.verifier_head import load_verifier_head
 from pipeline.verifier_record import verifier_identity
 from train.trainer import (
     build_trainer,
@@ -49,19 +54,35 @@ def checkpoint_fingerprint(kind: str, config: BaseModel, verifier_hash: str, cor
             "seed": seed}
 
 
-def distill(params: TrainParams, make_recipe: RecipeFactory) -> dict | None:
-    """Train and save one drafter; returns training.json's content on rank 0 (None elsewhere)."""
+def load_teacher(params: TrainParams, kind: str, paths: ArtifactPaths, identity: dict, data_hash: str,
+                 ) -> tuple[VerifierSource, PreTrainedTokenizerBase, TrainingFeatures | None]:
+    """Online: the whole verifier. Offline: its head and the feature set, checked against `train.<kind>` before
+    any row is read; the decoder layers are never loaded."""
+    cfg, verifier_params = getattr(params.train, kind), params.verifier
+    if cfg.features == "online":
+        verifier, tokenizer = load_verifier(paths, verifier_params.dtype, verifier_params.trust_remote_code,
+                                           verifier_params.allow_pickle_weights)
+        return FrozenVerifier(verifier), tokenizer, None
+    head, tokenizer = load_verifier_head(paths, verifier_params.dtype, verifier_params.trust_remote_code)
+    depth = int(head.config.get_text_config().num_hidden_layers)
+    features = open_training_features(
+        FeatureStore(paths.features), kind=kind, layers=KIND_SPECS[kind].module("config").feature_layers(cfg, depth),
+        dtype=params.features.dtype, verifier_config=head.config, verifier_hash=identity["hash"],
+        corpus_hash=data_hash, max_seq_len=cfg.trainer.max_seq_len)
+    return FeatureVerifier(head), tokenizer, features
+
+
+def distill(params: TrainParams, kind: str) -> dict | None:
+    """Train and save drafter `kind`; returns training.json's content on rank 0 (None elsewhere)."""
     started = time.perf_counter()
     check_store(tracking_uri(params.tracking))  # before minutes of loading and training, not after
     paths = ArtifactPaths.from_params(params)
-    verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code,
-                                       params.verifier.allow_pickle_weights)
-    corpus = load_corpus(paths, verifier.config.vocab_size)
     identity, data_hash = verifier_identity(paths), corpus_hash(paths)
-    recipe = make_recipe(params, verifier, tokenizer, corpus)
-    kind, cfg = recipe.kind, recipe.config
+    teacher, tokenizer, features = load_teacher(params, kind, paths, identity, data_hash)
+    corpus = load_corpus(paths, teacher.config.vocab_size)
+    recipe = KIND_SPECS[kind].module("training").recipe(params, teacher, tokenizer, corpus, features)
+    cfg = recipe.config
     with single_writer(paths.checkpoints(kind)):
-        teacher = FrozenVerifier(verifier)
         untrained = recipe.evaluate(recipe.drafter, teacher) if is_rank_zero() else None
 
         fingerprint = checkpoint_fingerprint(kind, cfg, identity["hash"], data_hash, params.project.seed)
@@ -104,6 +125,7 @@ def distill(params: TrainParams, make_recipe: RecipeFactory) -> dict | None:
             **{key: trained[key] for key in recipe.agreement_keys},
             **{f"untrained_{key}": untrained[key] for key in recipe.agreement_keys},
             **recipe.extra_info,
+            "features": cfg.features,
             "strategy": recipe.trainer_config.strategy,
             "world_size": trainer.world_size,
             "lineage": {
@@ -115,6 +137,9 @@ def distill(params: TrainParams, make_recipe: RecipeFactory) -> dict | None:
                 "library_versions": library_versions(),
             },
         }
+        decoded_later = [key for key in recipe.agreement_keys if trained[key] is None]
+        if decoded_later:
+            training_info["decode_tau_note"] = DECODED_OFFLINE_NOTE
         scalars = _scalars(trained, recipe.agreement_keys)
         untrained_scalars = {f"untrained_{key}": value for key, value in _scalars(untrained, recipe.agreement_keys).items()}
         logger.log_hyperparams(flatten(f"train.{kind}", cfg.model_dump(mode="json")))
@@ -131,7 +156,8 @@ def distill(params: TrainParams, make_recipe: RecipeFactory) -> dict | None:
         metrics.update(scalars, **untrained_scalars, wall_time_s=round(time.perf_counter() - started, 1))
         write_json_atomic(paths.metrics / f"train_{kind}.json", metrics)
         print_summary(f"train_{kind}", {
-            **metrics, "drafter": str(paths.drafter(kind)),
+            **metrics, "drafter": str(paths.drafter(kind)), "verifier features": cfg.features,
+            **({"decoded tau": DECODED_OFFLINE_NOTE} if decoded_later else {}),
             "top1 per position": ", ".join(f"{r:.3f}" for r in training_info[recipe.per_position_key]),
             "untrained top1 per position": ", ".join(
                 f"{r:.3f}" for r in training_info[f"untrained_{recipe.per_position_key}"]),

@@ -9,7 +9,7 @@ token t+1 is a response token: prompt and padding never count.
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from datasets import Dataset, DatasetDict
@@ -17,6 +17,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from pipeline.errors import DraftlineError
+from pipeline.training.feature_batches import SplitFeatures, TrainingFeatures
 
 
 def row_sequence(prompt_ids: Sequence[int], response_ids: Sequence[int], max_len: int) -> tuple[list[int], int]:
@@ -42,6 +43,47 @@ def collate(rows: list[tuple[list[int], int]], pad_id: int) -> dict[str, torch.T
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "loss_mask": response_mask}
 
 
+def kept_rows(split: Dataset, max_len: int, min_response: int) -> tuple[list[int], list[tuple[list[int], int]]]:
+    """(original row indices, (tokens, prompt length)) of the rows with >= `min_response` response tokens: the
+    index is what stored verifier features are looked up by."""
+    kept = [(index, row_sequence(prompt, response, max_len))
+            for index, (prompt, response) in enumerate(zip(split["prompt_ids"], split["response_ids"]))
+            if len(response) >= min_response]
+    return [index for index, _ in kept], [row for _, row in kept]
+
+
+class Batches(torch.utils.data.Dataset):
+    """Item i is the collated, length-bucketed batch i (so DataLoader runs with batch_size=None), with the
+    rows' stored verifier features when training offline (`features`)."""
+
+    min_response = 1
+    collate_rows: Callable[[list[tuple[list[int], int]], int], dict[str, torch.Tensor]]  # (rows, pad id) -> batch
+
+    def __init__(self, split: Dataset, max_len: int, batch_size: int, pad_id: int, seed: int,
+                 features: SplitFeatures | None = None):
+        self.row_ids, self.rows = kept_rows(split, max_len, self.min_response)
+        if not self.rows:
+            raise DraftlineError(f"no corpus rows with >= {self.min_response} response tokens; rebuild the corpus "
+                                 "with longer responses")
+        self.batches = bucketed_batches([len(tokens) for tokens, _ in self.rows], batch_size, seed)
+        self.pad_id = pad_id
+        self.features = features
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        members = self.batches[index]
+        batch = self.collate_rows([self.rows[i] for i in members], self.pad_id)
+        if self.features is not None:
+            batch.update(self.features.batch([self.row_ids[i] for i in members], [self.rows[i][0] for i in members],
+                                             batch["input_ids"].shape[1]))
+        return batch
+
+    def response_tokens(self) -> int:
+        return sum(len(tokens) - prompt_len for tokens, prompt_len in self.rows)
+
+
 def bucketed_batches(lengths: Sequence[int], batch_size: int, seed: int) -> list[list[int]]:
     """Index batches of similar length: random order within equal lengths, then sorted, then chunked."""
     order = list(range(len(lengths)))
@@ -50,26 +92,8 @@ def bucketed_batches(lengths: Sequence[int], batch_size: int, seed: int) -> list
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
-class NextTokenBatches(torch.utils.data.Dataset):
-    """Item i is the collated batch i (so DataLoader runs with batch_size=None)."""
-
-    def __init__(self, split: Dataset, max_len: int, batch_size: int, pad_id: int, seed: int):
-        self.rows = [
-            row_sequence(prompt, response, max_len)
-            for prompt, response in zip(split["prompt_ids"], split["response_ids"])
-            if len(response) > 0
-        ]
-        self.batches = bucketed_batches([len(tokens) for tokens, _ in self.rows], batch_size, seed)
-        self.pad_id = pad_id
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return collate([self.rows[i] for i in self.batches[index]], self.pad_id)
-
-    def response_tokens(self) -> int:
-        return sum(len(tokens) - prompt_len for tokens, prompt_len in self.rows)
+class NextTokenBatches(Batches):
+    collate_rows = staticmethod(collate)
 
 
 class ResumableShuffle(torch.utils.data.Sampler[int]):
@@ -108,14 +132,16 @@ class CorpusDataModule(LightningDataModule):
 
     def __init__(
         self, corpus: DatasetDict, *, pad_id: int, max_len: int, batch_size: int, seed: int = 0,
-        num_workers: int = 0, val_split: str = "validation",
+        num_workers: int = 0, val_split: str = "validation", features: TrainingFeatures | None = None,
     ):
         super().__init__()
+        sets = []
         for split in ("train", val_split):
             if split not in corpus or len(corpus[split]) == 0:
                 raise DraftlineError(f"corpus split '{split}' is empty; rebuild the corpus with more prompts")
-        self.train_set = self.batches_type(corpus["train"], max_len, batch_size, pad_id, seed)
-        self.val_set = self.batches_type(corpus[val_split], max_len, batch_size, pad_id, seed)
+            stored = features and features.split(split, len(corpus[split]))
+            sets.append(self.batches_type(corpus[split], max_len, batch_size, pad_id, seed, stored))
+        self.train_set, self.val_set = sets
         self.num_workers = num_workers
         self.sampler = ResumableShuffle(len(self.train_set), seed)
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from datasets import Dataset
 from torch import Tensor
 
-from pipeline.errors import DraftlineError
-from pipeline.training.corpus_data import CorpusDataModule, bucketed_batches, row_sequence
+from pipeline.training.corpus_data import Batches, CorpusDataModule
 
 
 def collate_rows(rows: Sequence[tuple[list[int], int]], pad_id: int) -> dict[str, Tensor]:
@@ -31,30 +29,14 @@ def collate_rows(rows: Sequence[tuple[list[int], int]], pad_id: int) -> dict[str
     }
 
 
-class PromptResponseBatches(torch.utils.data.Dataset):
-    """Item i is the collated, length-bucketed batch i (DataLoader runs with batch_size=None)."""
-
-    def __init__(self, split: Dataset, max_len: int, batch_size: int, pad_id: int, seed: int):
-        self.rows = [
-            row_sequence(prompt, response, max_len)
-            for prompt, response in zip(split["prompt_ids"], split["response_ids"])
-            if len(response) >= 2
-        ]
-        if not self.rows:
-            raise DraftlineError("no corpus rows with >= 2 response tokens; rebuild the corpus with longer responses")
-        self.batches = bucketed_batches([len(tokens) for tokens, _ in self.rows], batch_size, seed)
-        self.pad_id = pad_id
-
-    def __len__(self) -> int:
-        return len(self.batches)
+class PromptResponseBatches(Batches):
+    min_response = 2
+    collate_rows = staticmethod(collate_rows)
 
     def __getitem__(self, index: int) -> dict[str, Tensor]:
-        batch = collate_rows([self.rows[i] for i in self.batches[index]], self.pad_id)
+        batch = super().__getitem__(index)
         batch["batch_index"] = torch.tensor(index)
         return batch
-
-    def response_tokens(self) -> int:
-        return sum(len(tokens) - prompt_len for tokens, prompt_len in self.rows)
 
 
 class PromptResponseDataModule(CorpusDataModule):

@@ -1,7 +1,8 @@
 """What a kind hands the training stage: its drafter, data, Lightning module and agreement evaluation.
 
 Each kind's `pipeline/drafters/<kind>/training.py` defines `recipe` (a `RecipeFactory`); the stage
-(`train/distill.py`) loads the verifier and corpus, calls it, and owns everything else.
+(`train/distill.py`) loads the verifier (or, offline, its head and features) and corpus, calls it, and owns
+everything else.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config.trainer_config import TrainerConfig
 from pipeline.paths import ArtifactPaths
-from pipeline.training.frozen import FrozenVerifier
+from pipeline.training.feature_batches import TrainingFeatures
+from pipeline.training.frozen import VerifierSource
 from pipeline.training.params import TrainParams
 
 
@@ -29,7 +31,7 @@ class DrafterRecipe:
     data: L.LightningDataModule  # exposes `val_set` (held-out rows)
     make_module: Callable[[], L.LightningModule]
     # agreement with the verifier on held-out rows: {"loss", <agreement_keys>...}
-    evaluate: Callable[[PreTrainedModel, FrozenVerifier], dict]
+    evaluate: Callable[[PreTrainedModel, VerifierSource], dict]
     agreement_keys: tuple[str, ...]  # recorded trained and untrained in training.json
     per_position_key: str  # the per-position list shown in the summary
     extra_info: dict = field(default_factory=dict)
@@ -37,4 +39,7 @@ class DrafterRecipe:
     after_save: Callable[[ArtifactPaths], None] | None = None
 
 
-RecipeFactory = Callable[[TrainParams, PreTrainedModel, PreTrainedTokenizerBase, DatasetDict], DrafterRecipe]
+# (params, verifier, tokenizer, corpus, features): `features` is the checked feature set when the kind trains
+# offline (then `verifier` holds only the head), None online
+RecipeFactory = Callable[[TrainParams, VerifierSource, PreTrainedTokenizerBase, DatasetDict, TrainingFeatures | None],
+                         DrafterRecipe]

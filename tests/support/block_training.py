@@ -9,6 +9,7 @@ from pipeline.config.trainer_config import TrainerConfig
 from pipeline.drafters.block.config import BlockDrafterConfig
 from pipeline.drafters.block.lightning import BlockDistillModule
 from pipeline.drafters.block.model import DFlashDraftModel, drafter_config
+from pipeline.training.frozen import FrozenVerifier
 from pipeline.training.prompt_response_data import PromptResponseBatches
 from tests.support.tiny_models import tiny_qwen3
 
@@ -29,4 +30,4 @@ def module(**overrides) -> tuple[BlockDistillModule, list[int]]:
     drafter = DFlashDraftModel(drafter_config(verifier, cfg, None))
     forwards: list[int] = []
     verifier.register_forward_hook(lambda *_: forwards.append(1))
-    return BlockDistillModule(drafter, verifier, cfg, TrainerConfig(), seed=0), forwards
+    return BlockDistillModule(drafter, FrozenVerifier(verifier), cfg, TrainerConfig(), seed=0), forwards

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from pipeline.config.schema import parse_all
 from tests.support import REPO
+from tests.support.features import FEATURES_PARAMS
 
 
 def write_params(root: Path, trainer: dict, ar: dict | None = None) -> Path:
@@ -23,9 +24,10 @@ def write_params(root: Path, trainer: dict, ar: dict | None = None) -> Path:
                     "plots_dir": str(root / "plots")},
         "train": {"ar": {"num_layers": 1, "num_heads": 4, "num_kv_heads": 2,
                          "loss": {"fkl": 1.0, "ce": 0.1},
-                         "trainer": {"batch_size": 4, "learning_rate": 0.01, "warmup_steps": 2, "max_seq_len": 32,
+                         "trainer": {"batch_size": 4, "learning_rate": 0.01, "warmup_steps": 2,
                                      "val_every_n_steps": 1000, **trainer},
                          **(ar or {})}},
+        "features": FEATURES_PARAMS,
         "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}"},
     }
     path = root / "params.yaml"

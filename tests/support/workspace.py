@@ -12,6 +12,7 @@ from datasets import Dataset, DatasetDict
 from pipeline.drafters.kinds import KINDS
 from pipeline.verifier_record import write_record
 from tests.support.decoding import block_model
+from tests.support.features import write_features
 from tests.support.tiny_models import save_tiny_eagle3, save_tiny_verifier, tiny_qwen3
 
 PROMPTS = [
@@ -29,8 +30,8 @@ def write_verifier(directory: Path, id_prefix: str, **config):
 
 
 def make_artifacts(root: Path, *, rows_per_split: tuple[int, int, int] = (12, 4, 2), new_tokens: int = 12) -> Path:
-    """`root/artifacts/{verifier,corpus}` for training: a 2-layer verifier and a corpus whose responses are its
-    greedy outputs."""
+    """`root/artifacts/{verifier,corpus,features}` for training: a 2-layer verifier, a corpus whose responses are
+    its greedy outputs, and its fp32 features of every layer over that corpus (`tests.support.features`)."""
     artifacts = root / "artifacts"
     model, tokenizer = write_verifier(artifacts / "verifier", "tiny-test", num_layers=2)
     splits, start = {}, 0
@@ -50,6 +51,7 @@ def make_artifacts(root: Path, *, rows_per_split: tuple[int, int, int] = (12, 4,
         splits[name] = Dataset.from_list(rows)
         start += count
     DatasetDict(splits).save_to_disk(str(artifacts / "corpus"))
+    write_features(artifacts, model)  # training reads them: every kind trains offline by default
     return artifacts
 
 

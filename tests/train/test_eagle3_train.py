@@ -1,5 +1,6 @@
-"""Stage train_eagle3 end to end on a tiny verifier + corpus: the loss falls, agreement and real decoded
-acceptance are reported, and the saved head has the weight names vLLM's EAGLE-3 loader reads."""
+"""Stage train_eagle3 end to end on a tiny verifier + corpus, online (the verifier run in training, its outputs
+cached): the loss falls, agreement and real decoded acceptance are reported, and the saved head has the weight
+names vLLM's EAGLE-3 loader reads."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from safetensors import safe_open
 
 from pipeline.config.schema import load_all, parse_all
 from pipeline.drafters.eagle3.model import load_drafter
+from tests.support.features import FEATURES_PARAMS
 from tests.support.workspace import make_artifacts
 
 STEPS = 3
@@ -25,9 +27,10 @@ def test_train_eagle3_stage_lowers_loss(tmp_path):
         "project": {"artifacts_dir": str(tmp_path / "artifacts"), "metrics_dir": str(tmp_path / "metrics"),
                     "plots_dir": str(tmp_path / "plots")},
         "train": {"eagle3": {"ttt_steps": STEPS, "draft_tokens": 3, "draft_vocab_size": 120,
-                             "cache_verifier_outputs": True,
-                             "trainer": {"batch_size": 4, "learning_rate": 0.01, "warmup_steps": 2, "max_seq_len": 32,
+                             "cache_verifier_outputs": True, "features": "online",  # decoded tau, the cache
+                             "trainer": {"batch_size": 4, "learning_rate": 0.01, "warmup_steps": 2,
                                          "max_steps": 30, "val_every_n_steps": 15, "checkpoint_every_n_steps": 10}}},
+        "features": FEATURES_PARAMS,
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
     }
     parse_all(data)

@@ -19,31 +19,18 @@ from transformers import PreTrainedModel
 from pipeline.config.trainer_config import LossConfig, TrainerConfig
 from pipeline.training.agreement import AgreementCounts, simulated_acceptance_length
 from pipeline.training.distillation import mixture, needs_teacher
-from pipeline.training.frozen import FrozenVerifier
+from pipeline.training.frozen import VerifierSource, response_logits
 from pipeline.training.module import DrafterModule
 
 
-def response_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(1, N, V) logits at the N response prediction positions only.
-
-    The vocabulary projection dominates a small drafter's cost, so prompt and padding positions
-    skip it (about 2-3x less work on the demo corpus).
-    """
-    hidden = model.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-    return model.get_output_embeddings()(hidden[batch["loss_mask"]]).unsqueeze(0)
-
-
 def batch_signals(
-    drafter: torch.nn.Module, verifier: FrozenVerifier, batch: dict[str, torch.Tensor], loss_cfg: LossConfig,
+    drafter: torch.nn.Module, verifier: VerifierSource, batch: dict[str, torch.Tensor], loss_cfg: LossConfig,
     need_teacher: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
     """(loss, loss terms, top-1 match (B, T), False off the response, or None without the teacher)."""
     mask = batch["loss_mask"]
     student = response_logits(drafter, batch)
-    teacher = None
-    if need_teacher:
-        with torch.no_grad():
-            teacher = response_logits(verifier.model, batch)
+    teacher = verifier.response_logits(batch) if need_teacher else None
     labels = batch["labels"][mask].unsqueeze(0)
     flat_mask = torch.ones_like(labels, dtype=torch.bool)
     loss, terms = mixture(loss_cfg, student, flat_mask, labels=labels, teacher_logits=teacher)
@@ -65,7 +52,7 @@ def agreement_summary(tally: AgreementCounts, matched: float, counted: float) ->
 
 @torch.no_grad()
 def evaluate_agreement(
-    drafter: PreTrainedModel, verifier: FrozenVerifier, batches: Iterable[dict[str, torch.Tensor]],
+    drafter: PreTrainedModel, verifier: VerifierSource, batches: Iterable[dict[str, torch.Tensor]],
     loss_cfg: LossConfig, draft_tokens: int,
 ) -> dict:
     """Loss and acceptance proxy of `drafter` on held-out batches, outside Lightning (any process)."""
@@ -88,13 +75,13 @@ def evaluate_agreement(
 
 class ARDistillModule(DrafterModule):
     def __init__(
-        self, drafter: PreTrainedModel, verifier: PreTrainedModel, loss_cfg: LossConfig,
+        self, drafter: PreTrainedModel, verifier: VerifierSource, loss_cfg: LossConfig,
         trainer_cfg: TrainerConfig, draft_tokens: int,
     ):
         super().__init__()
         self.drafter = drafter
         # A plain attribute, not a submodule: out of the optimizer, checkpoints, DDP and ZeRO-3.
-        self.verifier = FrozenVerifier(verifier)
+        self.verifier = verifier
         self.loss_cfg = loss_cfg
         self.trainer_cfg = trainer_cfg
         self.draft_tokens = draft_tokens

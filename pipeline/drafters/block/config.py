@@ -86,7 +86,8 @@ class BlockDrafterConfig(Section):
     cache_verifier_outputs: StrictBool = Field(
         False, description="keep each batch's verifier outputs (target-layer hidden states, argmax; logits too for "
         "fkl) after its first forward and reuse them every later epoch: exact, and saves the frozen forward per "
-        "step; costs T·(num_feature_layers·hidden + 1) floats per corpus row (T·vocab more with fkl) of memory",
+        "step; costs T·(num_feature_layers·hidden + 1) floats per corpus row (T·vocab more with fkl) of memory; "
+        "online only: offline the stored features already are that cache",
     )
     features: Literal["offline", "online"] = Field(
         "offline", description="offline: learn from artifacts/features (stage extract_features) and never load the "

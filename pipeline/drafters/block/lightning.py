@@ -39,7 +39,8 @@ from pipeline.drafters.block.losses import acceptance_rate, block_loss, confiden
 from pipeline.drafters.block.model import DFlashDraftModel, verifier_parts
 from pipeline.training.agreement import DraftAgreement
 from pipeline.training.decoded import decode_prompts, decoded_acceptance
-from pipeline.training.frozen import FrozenVerifier
+from pipeline.training.feature_verifier import OFFLINE_DECODED
+from pipeline.training.frozen import VerifierSource
 from pipeline.training.module import DrafterModule
 from pipeline.training.prompt_response_data import PromptResponseBatches
 from pipeline.training.verifier_cache import VerifierOutputCache
@@ -68,9 +69,9 @@ class VerifierTargets:
 
 
 def verifier_targets(
-    verifier: FrozenVerifier, batch: dict[str, Tensor], drafter: DFlashDraftModel, cfg: BlockDrafterConfig
+    verifier: VerifierSource, batch: dict[str, Tensor], drafter: DFlashDraftModel, cfg: BlockDrafterConfig
 ) -> VerifierTargets:
-    out = verifier(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+    out = verifier.outputs(batch)
     wanted = {layer_id + 1 for layer_id in drafter.config.target_layer_ids}  # index 0 is the embeddings
     hidden = tuple(state if index in wanted else None for index, state in enumerate(out.hidden_states))
     return VerifierTargets(hidden, out.logits.argmax(-1), out.logits if needs_teacher_logits(cfg) else None)
@@ -162,16 +163,17 @@ def decode_acceptance(
 
 @torch.no_grad()
 def evaluate_blocks(
-    drafter: DFlashDraftModel, verifier: FrozenVerifier, batches: PromptResponseBatches, cfg: BlockDrafterConfig, seed: int,
+    drafter: DFlashDraftModel, verifier: VerifierSource, batches: PromptResponseBatches, cfg: BlockDrafterConfig, seed: int,
     max_new_tokens: int = 32, denoise_steps: int = 1,
 ) -> dict:
     """Loss and teacher-forced acceptance proxy on held-out batches (anchors fixed by (seed, batch index)),
-    plus the real greedy-decoding acceptance on a few held-out prompts."""
+    plus the real greedy-decoding acceptance on a few held-out prompts (None without the full verifier:
+    offline, stage `evaluate` measures it)."""
     was_training = drafter.training
     drafter.eval()
     weights = position_weights(drafter.block_size, cfg.gamma)
     agreement, loss_sum, seen = DraftAgreement(drafter.block_size - 1), 0.0, 0
-    embed_tokens, lm_head, _, _ = verifier_parts(verifier.model)
+    embed_tokens, lm_head, _, _ = verifier_parts(verifier.head)
     for batch in batches:
         generator = anchor_generator(seed, int(batch["batch_index"]))
         targets = verifier_targets(verifier, batch, drafter, cfg)
@@ -179,33 +181,36 @@ def evaluate_blocks(
         agreement.add(match, valid)
         loss_sum += loss.item()
         seen += 1
-    decoded = decode_acceptance(drafter, verifier.model, decode_prompts(batches.rows, cfg.decode_prompts),
-                                max_new_tokens, eos_token_id=verifier.config.eos_token_id,
-                                denoise_steps=denoise_steps)
+    decoded = OFFLINE_DECODED if verifier.model is None else decode_acceptance(
+        drafter, verifier.model, decode_prompts(batches.rows, cfg.decode_prompts), max_new_tokens,
+        eos_token_id=verifier.config.eos_token_id, denoise_steps=denoise_steps)
     drafter.train(was_training)
     return {"loss": loss_sum / max(1, seen), **agreement.summary(), **decoded}
 
 
 class BlockDistillModule(DrafterModule):
-    def __init__(self, drafter: DFlashDraftModel, verifier: nn.Module, cfg: BlockDrafterConfig,
+    def __init__(self, drafter: DFlashDraftModel, verifier: VerifierSource, cfg: BlockDrafterConfig,
                  trainer_cfg: TrainerConfig, seed: int, val_rows: Sequence[tuple[list[int], int]] = ()):
         super().__init__()
         self.drafter = drafter
         # A plain attribute, not a submodule: out of the optimizer, checkpoints, DDP and ZeRO-3.
-        self.verifier = FrozenVerifier(verifier)
+        self.verifier = verifier
         self.cfg = cfg
         self.trainer_cfg = trainer_cfg
         self.seed = seed
         self.weights = position_weights(drafter.block_size, cfg.gamma)
-        self.decode_prompts = decode_prompts(val_rows, cfg.decode_prompts)
+        # greedy decoding needs the full verifier: offline it has only the head, and `evaluate` decodes
+        self.decode_prompts = decode_prompts(val_rows, cfg.decode_prompts) if verifier.model is not None else []
         self.tokens_seen = 0
         self.last_validation: dict = {}
         # (step, simulated τ, decoded τ) of every validation: the τ-vs-steps curve in training.json
         self.history: list[dict] = []
         self._agreement = DraftAgreement(drafter.block_size - 1)
-        self.embed_tokens, self.lm_head, _, _ = verifier_parts(verifier)
+        self.embed_tokens, self.lm_head, _, _ = verifier_parts(verifier.head)
+        # offline the stored features already are the cache
         self._verifier_outputs = VerifierOutputCache(
-            lambda batch: verifier_targets(self.verifier, batch, self.drafter, self.cfg), cfg.cache_verifier_outputs)
+            lambda batch: verifier_targets(self.verifier, batch, self.drafter, self.cfg),
+            cfg.cache_verifier_outputs and verifier.model is not None)
 
     def verifier_targets(self, batch: dict[str, Tensor], split: str) -> VerifierTargets:
         return self._verifier_outputs(batch, split)

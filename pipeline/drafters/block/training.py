@@ -20,27 +20,30 @@ from pipeline.drafters.block.model import DFlashConfig, build_drafter
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, warn
 from pipeline.training.budget import resolve_budget
+from pipeline.training.feature_batches import TrainingFeatures
+from pipeline.training.frozen import VerifierSource
 from pipeline.training.params import TrainParams
 from pipeline.training.prompt_response_data import PromptResponseDataModule
 from pipeline.training.recipe import DrafterRecipe
 
 
-def recipe(params: TrainParams, verifier, tokenizer, corpus) -> DrafterRecipe:
+def recipe(params: TrainParams, verifier: VerifierSource, tokenizer, corpus,
+           features: TrainingFeatures | None) -> DrafterRecipe:
     """The block drafter's recipe; after saving, the τ-vs-steps plot from the validation history of the
     Lightning module it made (also when a short budget ended before the first validation)."""
     modules: list[BlockDistillModule] = []
     cfg, seed = params.train.block, params.project.seed
     tcfg = resolve_budget(cfg.trainer, len(corpus["train"]))
-    mask = resolve_mask(cfg.mask, verifier, tokenizer, corpus["train"])
+    mask = resolve_mask(cfg.mask, verifier.head, tokenizer, corpus["train"])
     if mask is None:
         warn(LEARNED_MASK_WARNING)
     else:
         info(f"block drafter mask token id {mask.describe(tokenizer)}")
-    drafter = build_drafter(verifier, cfg, mask and mask.token_id, mask and mask.rule, seed)
+    drafter = build_drafter(verifier.head, cfg, mask and mask.token_id, mask and mask.rule, seed)
     info(layer_line(cfg, drafter.config))
     data = PromptResponseDataModule(
         corpus, pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len, batch_size=tcfg.batch_size,
-        seed=seed, num_workers=tcfg.num_workers,
+        seed=seed, num_workers=tcfg.num_workers, features=features,
     )
 
     def make_module() -> BlockDistillModule:

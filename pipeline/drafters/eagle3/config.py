@@ -52,7 +52,8 @@ class Eagle3DrafterConfig(Section):
     decode_prompts: int = Field(4, ge=0, description="validation prompts greedily decoded with the head (real tau)")
     cache_verifier_outputs: StrictBool = Field(
         False, description="keep each batch's verifier outputs (aux hidden states, argmax; draft-vocabulary logits "
-        "for fkl) after its first forward and reuse them every later epoch",
+        "for fkl) after its first forward and reuse them every later epoch; online only: offline the stored features "
+        "already are that cache",
     )
     features: Literal["offline", "online"] = Field(
         "offline", description="offline: learn from artifacts/features (stage extract_features) and never load the "

@@ -27,7 +27,8 @@ from pipeline.drafters.eagle3.model import Eagle3DraftModel, shift_left
 from pipeline.training.agreement import DraftAgreement
 from pipeline.training.decoded import decode_prompts, decoded_acceptance
 from pipeline.training.distillation import ce, fkl
-from pipeline.training.frozen import FrozenVerifier
+from pipeline.training.feature_verifier import OFFLINE_DECODED
+from pipeline.training.frozen import VerifierSource
 from pipeline.training.module import DrafterModule
 from pipeline.training.prompt_response_data import PromptResponseBatches
 from pipeline.training.verifier_cache import VerifierOutputCache
@@ -43,9 +44,9 @@ class Eagle3Targets:
     logits: Tensor | None
 
 
-def verifier_targets(verifier: FrozenVerifier, batch: dict[str, Tensor], drafter: Eagle3DraftModel,
+def verifier_targets(verifier: VerifierSource, batch: dict[str, Tensor], drafter: Eagle3DraftModel,
                      cfg: Eagle3DrafterConfig) -> Eagle3Targets:
-    out = verifier(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+    out = verifier.outputs(batch)
     logits = None
     if cfg.loss.fkl > 0:
         ids = drafter.draft_ids
@@ -118,42 +119,45 @@ def decode_acceptance(drafter: Eagle3DraftModel, verifier: nn.Module, prompts: S
 
 
 @torch.no_grad()
-def evaluate_head(drafter: Eagle3DraftModel, verifier: FrozenVerifier, batches: PromptResponseBatches,
+def evaluate_head(drafter: Eagle3DraftModel, verifier: VerifierSource, batches: PromptResponseBatches,
                   cfg: Eagle3DrafterConfig) -> dict:
     """Loss and teacher-forced acceptance proxy on held-out batches, plus the real greedy-decoding
-    acceptance on a few held-out prompts."""
+    acceptance on a few held-out prompts (None without the full verifier: offline, stage `evaluate` measures it)."""
     was_training = drafter.training
     drafter.eval()
     agreement, loss_sum, seen = DraftAgreement(cfg.ttt_steps), 0.0, 0
-    embed_tokens = verifier.model.get_input_embeddings()
+    embed_tokens = verifier.head.get_input_embeddings()
     for batch in batches:
         loss, _, match, valid = ttt_signals(drafter, verifier_targets(verifier, batch, drafter, cfg), batch, cfg,
                                             embed_tokens)
         agreement.add(match, valid)
         loss_sum += loss.item()
         seen += 1
-    decoded = decode_acceptance(drafter, verifier.model, decode_prompts(batches.rows, cfg.decode_prompts),
-                                cfg.draft_tokens)
+    decoded = OFFLINE_DECODED if verifier.model is None else decode_acceptance(
+        drafter, verifier.model, decode_prompts(batches.rows, cfg.decode_prompts), cfg.draft_tokens)
     drafter.train(was_training)
     return {"loss": loss_sum / max(1, seen), **agreement.summary(), **decoded}
 
 
 class Eagle3DistillModule(DrafterModule):
-    def __init__(self, drafter: Eagle3DraftModel, verifier: nn.Module, cfg: Eagle3DrafterConfig,
+    def __init__(self, drafter: Eagle3DraftModel, verifier: VerifierSource, cfg: Eagle3DrafterConfig,
                  trainer_cfg: TrainerConfig, val_rows: Sequence[tuple[list[int], int]] = ()):
         super().__init__()
         self.drafter = drafter
         # A plain attribute, not a submodule: out of the optimizer, checkpoints, DDP and ZeRO-3.
-        self.verifier = FrozenVerifier(verifier)
+        self.verifier = verifier
         self.cfg = cfg
         self.trainer_cfg = trainer_cfg
-        self.decode_prompts = decode_prompts(val_rows, cfg.decode_prompts)
+        # greedy decoding needs the full verifier: offline it has only the head, and `evaluate` decodes
+        self.decode_prompts = decode_prompts(val_rows, cfg.decode_prompts) if verifier.model is not None else []
         self.tokens_seen = 0
         self.last_validation: dict = {}
         self._agreement = DraftAgreement(cfg.ttt_steps)
-        self.embed_tokens = verifier.get_input_embeddings()
+        self.embed_tokens = verifier.head.get_input_embeddings()
+        # offline the stored features already are the cache
         self._verifier_outputs = VerifierOutputCache(
-            lambda batch: verifier_targets(self.verifier, batch, self.drafter, self.cfg), cfg.cache_verifier_outputs)
+            lambda batch: verifier_targets(self.verifier, batch, self.drafter, self.cfg),
+            cfg.cache_verifier_outputs and verifier.model is not None)
 
     def on_fit_start(self) -> None:
         self.verifier.to(self.device)

@@ -10,19 +10,23 @@ from __future__ import annotations
 
 from pipeline.drafters.eagle3.lightning import Eagle3DistillModule, evaluate_head
 from pipeline.drafters.eagle3.model import build_drafter
+from pipeline.training.feature_batches import TrainingFeatures
+from pipeline.training.frozen import VerifierSource
 from pipeline.training.params import TrainParams
 from pipeline.training.prompt_response_data import PromptResponseDataModule
 from pipeline.training.recipe import DrafterRecipe
 
 
-def recipe(params: TrainParams, verifier, tokenizer, corpus) -> DrafterRecipe:
+def recipe(params: TrainParams, verifier: VerifierSource, tokenizer, corpus,
+           features: TrainingFeatures | None) -> DrafterRecipe:
     cfg, tcfg, seed = params.train.eagle3, params.train.eagle3.trainer, params.project.seed
     train_rows = corpus["train"]
     # the draft vocabulary (when reduced) is the training split's most frequent tokens
     sequences = (prompt + response for prompt, response in zip(train_rows["prompt_ids"], train_rows["response_ids"]))
-    drafter = build_drafter(verifier, cfg, sequences, seed)
+    drafter = build_drafter(verifier.head, cfg, sequences, seed)
     data = PromptResponseDataModule(corpus, pad_id=tokenizer.pad_token_id, max_len=tcfg.max_seq_len,
-                           batch_size=tcfg.batch_size, seed=seed, num_workers=tcfg.num_workers)
+                                    batch_size=tcfg.batch_size, seed=seed, num_workers=tcfg.num_workers,
+                                    features=features)
     return DrafterRecipe(
         kind="eagle3", config=cfg, trainer_config=tcfg, drafter=drafter, data=data,
         make_module=lambda: Eagle3DistillModule(drafter, verifier, cfg, tcfg, val_rows=data.val_set.rows),
