@@ -92,6 +92,7 @@ def distill(params: TrainParams, kind: str) -> dict | None:
         logger = make_mlflow_logger(params, kind, paths.checkpoints(kind))
         module = recipe.make_module()
         trainer = build_trainer(recipe.trainer_config, checkpoint_dir=paths.checkpoints(kind), logger=logger)
+        fit_started = time.perf_counter()
         try:
             # The checkpoint dir may hold files this run did not write: unpickle them weights-only.
             trainer.fit(module, datamodule=recipe.data, ckpt_path=resume, weights_only=True)
@@ -103,6 +104,7 @@ def distill(params: TrainParams, kind: str) -> dict | None:
             if trainer.interrupted:
                 raise KeyboardInterrupt from None
             raise
+        fit_time = time.perf_counter() - fit_started
 
         state = full_state_dict(module.drafter, trainer)  # collective under ZeRO-3: every rank gathers
         tokens = int(trainer.strategy.reduce(torch.tensor(float(module.tokens_seen)), reduce_op="sum").item())
@@ -153,7 +155,8 @@ def distill(params: TrainParams, kind: str) -> dict | None:
 
         save_drafter_atomic(paths.drafter(kind), write_model, training_info, logger)
         metrics = {key: training_info[key] for key in ("steps", "tokens", "train_loss", "val_loss", "untrained_val_loss")}
-        metrics.update(scalars, **untrained_scalars, wall_time_s=round(time.perf_counter() - started, 1))
+        metrics.update(scalars, **untrained_scalars, wall_time_s=round(time.perf_counter() - started, 1),
+                       fit_time_s=round(fit_time, 2))  # this run's fit only: a resumed run's share of the steps
         write_json_atomic(paths.metrics / f"train_{kind}.json", metrics)
         print_summary(f"train_{kind}", {
             **metrics, "drafter": str(paths.drafter(kind)), "verifier features": cfg.features,

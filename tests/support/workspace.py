@@ -31,7 +31,7 @@ def write_verifier(directory: Path, id_prefix: str, **config):
 
 def make_artifacts(root: Path, *, rows_per_split: tuple[int, int, int] = (12, 4, 2), new_tokens: int = 12) -> Path:
     """`root/artifacts/{verifier,corpus,features}` for training: a 2-layer verifier, a corpus whose responses are
-    its greedy outputs, and its fp32 features of every layer over that corpus (`tests.support.features`)."""
+    its greedy outputs, and its fp32 features over that corpus (`tests.support.features`)."""
     artifacts = root / "artifacts"
     model, tokenizer = write_verifier(artifacts / "verifier", "tiny-test", num_layers=2)
     splits, start = {}, 0
@@ -51,7 +51,7 @@ def make_artifacts(root: Path, *, rows_per_split: tuple[int, int, int] = (12, 4,
         splits[name] = Dataset.from_list(rows)
         start += count
     DatasetDict(splits).save_to_disk(str(artifacts / "corpus"))
-    write_features(artifacts, model)  # training reads them: every kind trains offline by default
+    write_features(artifacts)  # training reads them: every kind trains offline by default
     return artifacts
 
 

@@ -12,13 +12,12 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from data_prep.verifier import load_model_and_tokenizer
 from pipeline.config.schema import load_all, parse_all
 from pipeline.errors import DraftlineError
 from pipeline.features.store import FeatureStore
 from pipeline.training.feature_batches import SplitFeatures, feature_key
 from pipeline.verifier_record import write_record
-from tests.support.features import FEATURES_PARAMS, write_features
+from tests.support.features import FEATURES_PARAMS
 from tests.support.workspace import make_artifacts
 
 STEPS = 8
@@ -73,6 +72,13 @@ def test_offline_training_equals_online(tmp_path, kind):
         assert "stage evaluate" in offline_info["decode_tau_note"] and "decode_tau_note" not in online_info
 
 
+def rebind_features(artifacts) -> None:
+    """Bind the features extracted from the full verifier to the head-only copy now recorded in its place."""
+    index = json.loads((artifacts / "features" / "index.json").read_text())
+    index["verifier_hash"] = json.loads((artifacts / "verifier" / "verifier.json").read_text())["hash"]
+    (artifacts / "features" / "index.json").write_text(json.dumps(index))
+
+
 def strip_decoder(verifier_dir) -> set[str]:
     """Leave only the embeddings, final norm and LM head in the verifier's weights (and re-record it, as
     bootstrapping a head-only copy would); returns the names kept."""
@@ -89,9 +95,8 @@ def test_offline_training_never_loads_the_decoder(tmp_path, monkeypatch):
     from train.dispatch import train
 
     artifacts = make_artifacts(tmp_path)
-    full, _ = load_model_and_tokenizer(str(artifacts / "verifier"))
     strip_decoder(artifacts / "verifier")
-    write_features(artifacts, full)  # bound to the head-only verifier now recorded
+    rebind_features(artifacts)
     monkeypatch.setattr("train.distill.load_verifier", lambda *_, **__: pytest.fail("the full verifier was loaded"))
     info = train(write_params(tmp_path, "block", "offline"), "block")
     assert info["steps"] == STEPS and info["val_loss"] < info["untrained_val_loss"]
@@ -110,16 +115,16 @@ def edit_index(root, change) -> None:
     path.write_text(json.dumps(index))
 
 
-def drop_last_train_shard(index: dict) -> None:
+def four_train_rows_fewer(index: dict) -> None:
     split = index["splits"]["train"]
-    split["shards"] = split["shards"][:-1]
-    split["rows"] = split["shards"][-1]["end"]
+    split["rows"] -= 4
+    split["shards"][-1]["end"] -= 4
 
 
 @pytest.mark.parametrize(("what", "edit", "extra", "message"), [
     ("layers", lambda index: index.update(layers=[index["num_layers"]]), {}, "hold layers [2], train.eagle3 reads [1, 2]"),
     ("width", lambda index: index.update(hidden_size=64), {}, "are 2 layers x 64 wide, the verifier 2 x 32"),
-    ("rows", drop_last_train_shard, {}, "hold 8 rows of split 'train', the corpus 12"),
+    ("rows", four_train_rows_fewer, {}, "hold 8 rows of split 'train', the corpus 12"),
     ("dtype", lambda index: None, {"dtype": "bfloat16"}, "are float32, params say features.dtype bfloat16"),
     ("verifier", lambda index: index.update(verifier_hash="0" * 64), {}, "were extracted from another verifier"),
 ])
