@@ -133,6 +133,8 @@ def bench(params: BenchParams, args: argparse.Namespace) -> dict:
         engines = ["hf"] + (["vllm"] if serve_python() is not None and not args.no_vllm else [])
         for engine in engines:
             info(f"extracting features with engine {engine}")
+            # finished shards are reused whichever engine made them: each engine starts from none
+            shutil.rmtree(one_x.root / "artifacts" / "features", ignore_errors=True)
             one_x.run("data_prep.extract_features", workspace_params(kind, "offline", engine, steps))
             results[f"extract_{engine}_tokens_per_s"] = one_x.metrics("features")["tokens_per_s"]
         results["feature_bytes_per_token"] = one_x.metrics("features")["bytes_per_token"]
