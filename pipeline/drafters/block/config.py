@@ -11,7 +11,7 @@ from pipeline.config.trainer_config import TrainerConfig
 
 
 class BlockLossConfig(Section):
-    """Weights of the block drafter's loss terms, each position-weighted by exp(−(k−1)/γ).
+    """Weights of the block drafter's loss terms, each position-weighted (`position_weights`).
 
     `ce` is cross-entropy on `labels`: the verifier's argmax at anchor+k−1 (`verifier`) or the sampled
     corpus token (`corpus`); `fkl` is forward KL against the verifier's logits there, at `temperature`.
@@ -29,11 +29,19 @@ class BlockLossConfig(Section):
         "anchor up to k−1 (the chain greedy drafting continues); otherwise its label sits on a sampled detour",
     )
     temperature: float = Field(1.0, gt=0)
+    position_weights: Literal["exponential", "dpace"] = Field(
+        "exponential", description="exponential: fixed w_k = exp(−(k−1)/γ) (train.block.gamma); dpace: per block, "
+        "from the drafter's own detached confidence q_i = exp(−CE_i) smoothed by dpace_alpha, w_k = Σ_{j≥k} Π_{i≤j} q_i, "
+        "the gradient of the block's expected accepted length (D-PACE; needs ce > 0)",
+    )
+    dpace_alpha: float = Field(0.5, gt=0, le=1, description="D-PACE smoothing: q_i → (1 − α)·q_i + α")
 
     @model_validator(mode="after")
     def _some_weight(self) -> "BlockLossConfig":
         if self.ce + self.fkl <= 0:
             raise ValueError("at least one of ce/fkl must have a weight > 0")
+        if self.position_weights == "dpace" and self.ce <= 0:
+            raise ValueError("position_weights 'dpace' reads each position's confidence off the ce term: set ce > 0")
         return self
 
 

@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from pipeline.drafters.block.anchors import block_targets
 from pipeline.drafters.block.config import BlockDrafterConfig, BlockLossConfig
-from pipeline.drafters.block.losses import block_loss, default_gamma, position_weights
+from pipeline.drafters.block.losses import block_loss, default_gamma, dpace_weights, position_weights
 from pipeline.drafters.block.model import DFlashDraftModel, build_target_layer_ids, drafter_config, verifier_parts
 from tests.support.tiny_models import tiny_qwen3
 
@@ -128,6 +128,28 @@ def test_decay_weights():
     torch.testing.assert_close(weights[1:] / weights[:-1], torch.full((14,), torch.exp(torch.tensor(-1 / 7)).item()))
     raw = torch.exp(-torch.arange(7, dtype=torch.float32) / 4)
     torch.testing.assert_close(position_weights(8), raw / raw.sum())
+
+
+def test_dpace_weights_follow_the_blocks_expected_acceptance():
+    """w_k = Σ_{j≥k} Π_{i≤j} q_i with q smoothed by alpha: a sure prefix keeps later positions heavy, a
+    position behind an unlikely one weighs little, invalid positions weigh nothing."""
+    nll = torch.tensor([[0.0, 0.0, 0.0], [20.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # q = 1 1 1 / ~0 1 1 / 1 1 1
+    valid = torch.tensor([[True, True, True], [True, True, True], [True, True, False]])
+    expected = torch.tensor([[3.0, 2.0, 1.0], [1.5, 1.0, 0.5], [2.0, 1.0, 0.0]])
+    torch.testing.assert_close(dpace_weights(nll, valid, alpha=0.5), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(dpace_weights(nll[1:2], valid[1:2], alpha=1.0), torch.tensor([[3.0, 2.0, 1.0]]))
+
+
+def test_dpace_loss_weights_blocks_by_confidence_and_needs_ce():
+    """The same logits weigh their positions differently under dpace than under the fixed decay."""
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 5, 3, 10), torch.randint(0, 10, (2, 5, 3))
+    valid = torch.ones_like(labels, dtype=torch.bool)
+    fixed, _ = block_loss(CE, logits, valid, position_weights(4), labels=labels)
+    dpace, _ = block_loss(BlockLossConfig(position_weights="dpace"), logits, valid, position_weights(4), labels=labels)
+    assert abs(fixed.item() - dpace.item()) > 1e-4
+    with pytest.raises(ValueError, match="dpace"):
+        BlockLossConfig(ce=0.0, fkl=1.0, position_weights="dpace")
 
 
 def test_target_layer_selection():
