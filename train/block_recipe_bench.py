@@ -7,16 +7,22 @@ Every arm trains a fresh drafter from `train.block` with the arm's overrides, fo
 splits with the serving loop the way `evaluate` does (bonus token included in τ, sampled runs seeded by
 10000 + prompt index, top_k 0 / top_p 1), at T = 0 and T = 0.8, per domain. τ's standard error treats
 prompts as the unit (ratio estimator Σ committed / Σ forwards); seeds are reported apart, so the seed
-spread can be set beside it. Results accumulate in `metrics/bench_block_recipe.json` (an (arm, seed) already
-there is skipped, so a killed run resumes) and `metrics/bench_block_recipe.md`.
+spread can be set beside it. Results accumulate in `metrics/bench_block_recipe.json` (or --out; an
+(arm, seed) already there is skipped, so a killed run resumes) and the table beside it (`.md`).
+
+On a loaded machine run it with OMP_NUM_THREADS=1: with two intra-op threads on oversubscribed cores every
+small matmul of the decode loop spin-waits (measured: 20x slower decoding); s/step is only comparable
+between arms run under the same load and thread count.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -144,7 +150,7 @@ def run(params: TrainParams, args: argparse.Namespace) -> dict:
     corpus = load_corpus(paths)
     prompts = eval_prompts(corpus, verifier.config.vocab_size)
     steps = args.steps or params.train.block.trainer.max_steps
-    out = paths.metrics / "bench_block_recipe.json"
+    out = args.out or paths.metrics / "bench_block_recipe.json"
     report = read_report(out)
     for seed in args.seeds:
         for arm in args.arms:
@@ -158,9 +164,7 @@ def run(params: TrainParams, args: argparse.Namespace) -> dict:
     return report
 
 
-def read_report(path) -> dict:
-    import json
-
+def read_report(path: Path) -> dict:
     if path.exists():
         return json.loads(path.read_text())
     return {"temperatures": list(TEMPERATURES), "max_new_tokens": MAX_NEW_TOKENS,
@@ -172,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), help="arms to run (default: all)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (default: 0)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: train.block's max_steps)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results JSON (default: metrics/bench_block_recipe.json; the table beside it as .md)")
     return run_stage(parser, TrainParams, run, argv)
 
 
