@@ -41,12 +41,16 @@ from pipeline.progress import info
 from pipeline.training.params import TrainParams
 from train.block_bench import Variant, merged, train_variant
 
+# the recipe before this comparison, pinned under every arm so the arms keep their meaning as the defaults move
+BEFORE = {"trainer": {"optimizer": "adamw", "learning_rate": 2e-3, "lr_schedule": "cosine"},
+          "loss": {"position_weights": "exponential"}, "anchors_per_sequence": 64, "attention": "bidirectional"}
 PEER_OPTIMIZER = {"trainer": {"optimizer": "muon", "learning_rate": 1e-3, "lr_schedule": "linear"}}
 
-# overrides of train.block: each difference from the peer's recipe alone, then combinations
+# overrides of BEFORE: each difference from the peer's recipe alone, then combinations
 ARMS: dict[str, dict] = {
     "baseline": {},
     "muon": {"trainer": {"optimizer": "muon"}},
+    "muon_lr4e-3": {"trainer": {"optimizer": "muon", "learning_rate": 4e-3}},
     "lr1e-3": {"trainer": {"learning_rate": 1e-3}},
     "linear": {"trainer": {"lr_schedule": "linear"}},
     "dpace": {"loss": {"position_weights": "dpace"}},
@@ -105,7 +109,7 @@ def decode_cell(proposer: BlockProposer, verifier, prompts: list[list[int]], tem
 
 def run_arm(params: TrainParams, corpus, verifier, tokenizer, prompts: dict, arm: str, seed: int, steps: int) -> dict:
     seeded = params.model_copy(update={"project": params.project.model_copy(update={"seed": seed})})
-    cfg = merged(params.train.block.model_copy(update={"decode_prompts": 0}), ARMS[arm])
+    cfg = merged(merged(params.train.block.model_copy(update={"decode_prompts": 0}), BEFORE), ARMS[arm])
     info(f"arm {arm} seed {seed}: training {steps} steps")
     drafter, _, train_s = train_variant(seeded, cfg, corpus, verifier, tokenizer, Variant(arm, arm), steps)
     proposer = BlockProposer(BlockDrafter(drafter, verifier))
