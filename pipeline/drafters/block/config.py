@@ -32,7 +32,7 @@ class BlockLossConfig(Section):
     position_weights: Literal["exponential", "dpace"] = Field(
         "exponential", description="exponential: fixed w_k = exp(−(k−1)/γ) (train.block.gamma); dpace: per block, "
         "from the drafter's own detached confidence q_i = exp(−CE_i) smoothed by dpace_alpha, w_k = Σ_{j≥k} Π_{i≤j} q_i, "
-        "the gradient of the block's expected accepted length (D-PACE; needs ce > 0)",
+        "the gradient of the block's expected accepted length (D-PACE)",
     )
     dpace_alpha: float = Field(0.5, gt=0, le=1, description="D-PACE smoothing: q_i → (1 − α)·q_i + α")
 
@@ -40,8 +40,6 @@ class BlockLossConfig(Section):
     def _some_weight(self) -> "BlockLossConfig":
         if self.ce + self.fkl <= 0:
             raise ValueError("at least one of ce/fkl must have a weight > 0")
-        if self.position_weights == "dpace" and self.ce <= 0:
-            raise ValueError("position_weights 'dpace' reads each position's confidence off the ce term: set ce > 0")
         return self
 
 

@@ -26,19 +26,20 @@ def block_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The block drafter's loss over logits (…, L−1, V): Σ weight · position-weighted term; returns (total, terms).
 
-    `labels` (…, L−1) feed `ce` (the verifier's argmax or corpus tokens, the caller's choice);
-    `teacher_logits` (…, L−1, V) feed `fkl`. `weights` (L−1,) are the fixed position weights; with
-    `position_weights: dpace` every term is weighted per block by `dpace_weights` of the ce term instead.
+    `labels` (…, L−1) feed `ce` (the verifier's argmax or corpus tokens, the caller's choice) and the D-PACE
+    confidences; `teacher_logits` (…, L−1, V) feed `fkl`. `weights` (L−1,) are the fixed position weights;
+    with `position_weights: dpace` every term is weighted per block by `dpace_weights` instead.
     """
     terms: dict[str, torch.Tensor] = {}
-    if cfg.ce > 0:
+    if cfg.ce > 0 or cfg.position_weights == "dpace":
         if labels is None:
-            raise ValueError("the 'ce' block loss needs labels")
+            raise ValueError("the 'ce' block loss and D-PACE weights need labels")
         safe = torch.where(valid, labels, torch.zeros_like(labels))
         nll = F.cross_entropy(student_logits.float().flatten(0, -2), safe.flatten(), reduction="none").view_as(labels)
         if cfg.position_weights == "dpace":
             weights = dpace_weights(nll.detach(), valid, cfg.dpace_alpha)
-        terms["ce"] = position_weighted_mean(nll, valid, weights)
+        if cfg.ce > 0:
+            terms["ce"] = position_weighted_mean(nll, valid, weights)
     if cfg.fkl > 0:
         if teacher_logits is None:
             raise ValueError("the 'fkl' block loss needs the verifier's logits")

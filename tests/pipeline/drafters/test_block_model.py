@@ -140,16 +140,16 @@ def test_dpace_weights_follow_the_blocks_expected_acceptance():
     torch.testing.assert_close(dpace_weights(nll[1:2], valid[1:2], alpha=1.0), torch.tensor([[3.0, 2.0, 1.0]]))
 
 
-def test_dpace_loss_weights_blocks_by_confidence_and_needs_ce():
-    """The same logits weigh their positions differently under dpace than under the fixed decay."""
+def test_dpace_loss_weights_blocks_by_confidence():
+    """The same logits weigh their positions differently under dpace than under the fixed decay, for ce and
+    for fkl alone (whose D-PACE confidences come from the labels all the same)."""
     torch.manual_seed(0)
-    logits, labels = torch.randn(2, 5, 3, 10), torch.randint(0, 10, (2, 5, 3))
+    logits, labels, teacher = torch.randn(2, 5, 3, 10), torch.randint(0, 10, (2, 5, 3)), torch.randn(2, 5, 3, 10)
     valid = torch.ones_like(labels, dtype=torch.bool)
-    fixed, _ = block_loss(CE, logits, valid, position_weights(4), labels=labels)
-    dpace, _ = block_loss(BlockLossConfig(position_weights="dpace"), logits, valid, position_weights(4), labels=labels)
-    assert abs(fixed.item() - dpace.item()) > 1e-4
-    with pytest.raises(ValueError, match="dpace"):
-        BlockLossConfig(ce=0.0, fkl=1.0, position_weights="dpace")
+    for loss in (dict(ce=1.0, fkl=0.0), dict(ce=0.0, fkl=1.0)):
+        fixed, dpace = (block_loss(BlockLossConfig(**loss, position_weights=weights), logits, valid, position_weights(4),
+                                   labels=labels, teacher_logits=teacher)[0] for weights in ("exponential", "dpace"))
+        assert abs(fixed.item() - dpace.item()) > 1e-4, loss
 
 
 def test_target_layer_selection():
