@@ -30,7 +30,9 @@ class BlockLossConfig(Section):
     )
     temperature: float = Field(1.0, gt=0)
     position_weights: Literal["exponential", "dpace"] = Field(
-        "exponential", description="exponential: fixed w_k = exp(−(k−1)/γ) (train.block.gamma); dpace: per block, "
+        "dpace", description="dpace: with Muon on the demo (2 seeds, 156 prompts) greedy tau code 2.86 -> 3.01, text "
+        "4.05 -> 4.21 over exponential, at T=0.8 code 1.59 -> 1.53, text 1.57 -> 1.54 (the greedy gain is 3-6x the "
+        "sampled loss). exponential: fixed w_k = exp(−(k−1)/γ) (train.block.gamma); dpace: per block, "
         "from the drafter's own detached confidence q_i = exp(−CE_i) smoothed by dpace_alpha, w_k = Σ_{j≥k} Π_{i≤j} q_i, "
         "the gradient of the block's expected accepted length (D-PACE)",
     )

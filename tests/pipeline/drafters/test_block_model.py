@@ -15,7 +15,7 @@ from pipeline.drafters.block.losses import block_loss, default_gamma, dpace_weig
 from pipeline.drafters.block.model import DFlashDraftModel, build_target_layer_ids, drafter_config, verifier_parts
 from tests.support.tiny_models import tiny_qwen3
 
-CE = BlockLossConfig(ce=1.0, fkl=0.0)
+CE = BlockLossConfig(ce=1.0, fkl=0.0, position_weights="exponential")  # the fixed weights the reference sums
 
 VOCAB, MASK_ID, BLOCK = 320, 1, 4
 
@@ -308,7 +308,8 @@ def test_block_loss_terms_are_position_weighted():
     labels = teacher.argmax(-1)
     valid = torch.rand(2, 3, BLOCK - 1) > 0.3
     weights = position_weights(BLOCK)
-    total, terms = block_loss(BlockLossConfig(ce=0.5, fkl=2.0), student, valid, weights, labels=labels,
+    fixed = {"position_weights": "exponential"}  # the weights this test sums by hand
+    total, terms = block_loss(BlockLossConfig(ce=0.5, fkl=2.0, **fixed), student, valid, weights, labels=labels,
                               teacher_logits=teacher)
     nll = torch.nn.functional.cross_entropy(student.flatten(0, -2), labels.flatten(), reduction="none").view_as(labels)
     log_p, log_q = teacher.log_softmax(-1), student.log_softmax(-1)
@@ -318,11 +319,11 @@ def test_block_loss_terms_are_position_weighted():
     torch.testing.assert_close(terms["fkl"], (kl * w).sum() / w.sum())
     torch.testing.assert_close(total, 0.5 * terms["ce"] + 2.0 * terms["fkl"])
     # a student equal to the teacher has zero KL; invalid positions never count
-    _, same = block_loss(BlockLossConfig(ce=0.0, fkl=1.0), teacher, valid, weights, teacher_logits=teacher)
+    _, same = block_loss(BlockLossConfig(ce=0.0, fkl=1.0, **fixed), teacher, valid, weights, teacher_logits=teacher)
     assert same["fkl"].abs() < 1e-6
     garbage = student.clone()
     garbage[~valid] = 1e4
-    _, masked = block_loss(BlockLossConfig(ce=1.0), garbage, valid, weights, labels=labels)
+    _, masked = block_loss(CE, garbage, valid, weights, labels=labels)
     torch.testing.assert_close(masked["ce"], terms["ce"])
 
 
