@@ -24,9 +24,16 @@ class TrainerConfig(Section):
     )
     batch_size: int = Field(16, ge=1)
     accumulate_grad_batches: int = Field(1, ge=1)
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="muon: torch.optim.Muon for the hidden weight matrices, AdamW for the rest "
+        "(pipeline/training/muon.py); not with deepspeed_stage_* strategies, which hand Muon flattened shards",
+    )
     learning_rate: float = Field(2e-3, gt=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
     warmup_steps: int = Field(20, ge=0)
+    lr_schedule: Literal["cosine", "linear"] = Field(
+        "cosine", description="after the linear warm-up: cosine to 10% of the peak at max_steps, or linear to 0",
+    )
     grad_clip: float = Field(1.0, gt=0)
     val_every_n_steps: int = Field(100, ge=1)
     max_seq_len: int = Field(192, ge=8)
@@ -46,6 +53,9 @@ class TrainerConfig(Section):
             raise ValueError("offload_optimizer/offload_parameters need a deepspeed_stage_* strategy")
         if self.offload_parameters and self.strategy != "deepspeed_stage_3":
             raise ValueError("offload_parameters needs strategy 'deepspeed_stage_3'")
+        if self.optimizer == "muon" and self.strategy.startswith("deepspeed"):
+            raise ValueError(f"optimizer 'muon' cannot run under strategy '{self.strategy}' (ZeRO hands the "
+                             "optimizer flattened shards, Muon needs whole matrices); use 'auto' or 'ddp', or adamw")
         return self
 
 

@@ -1,4 +1,5 @@
-"""The base of every kind's LightningModule: AdamW + cosine warm-up, and the token count kept in checkpoints."""
+"""The base of every kind's LightningModule: its optimizer (AdamW, or Muon + AdamW) with a warm-up schedule,
+and the token count kept in checkpoints."""
 
 from __future__ import annotations
 
@@ -7,30 +8,37 @@ from typing import Iterable
 import torch
 from lightning.pytorch import LightningModule
 from torch import nn
-from transformers import get_cosine_with_min_lr_schedule_with_warmup
+from transformers import get_cosine_with_min_lr_schedule_with_warmup, get_linear_schedule_with_warmup
 
 from pipeline.config.trainer_config import TrainerConfig
+from pipeline.training.muon import MuonAdamW, split_for_muon
 
 
-def adamw_cosine(parameters: Iterable[nn.Parameter], cfg: TrainerConfig) -> dict:
-    """`configure_optimizers` return value: AdamW (no decay on norms/biases) + per-step cosine warmup."""
-    decay, no_decay = [], []
-    for parameter in parameters:
-        if parameter.requires_grad:
-            (decay if parameter.ndim >= 2 else no_decay).append(parameter)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.learning_rate,
-        betas=(0.9, 0.95),
-    )
-    # linear warmup, then cosine to 10% of the peak at max_steps
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps,
-                                                            min_lr_rate=0.1)
+def build_optimizer(named_parameters: Iterable[tuple[str, nn.Parameter]], cfg: TrainerConfig) -> dict:
+    """`configure_optimizers` return value: `cfg.optimizer` (no decay on norms/biases) + per-step warm-up,
+    then `cfg.lr_schedule`."""
+    named = [(name, parameter) for name, parameter in named_parameters if parameter.requires_grad]
+    if cfg.optimizer == "muon":
+        optimizer = MuonAdamW(*split_for_muon(named), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    else:
+        decay = [parameter for _, parameter in named if parameter.ndim >= 2]
+        no_decay = [parameter for _, parameter in named if parameter.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.learning_rate,
+            betas=(0.9, 0.95),
+        )
+    if cfg.lr_schedule == "linear":  # linear warm-up, then linearly to 0 at max_steps
+        scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
+    else:  # linear warm-up, then cosine to 10% of the peak at max_steps
+        scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps,
+                                                                min_lr_rate=0.1)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 class DrafterModule(LightningModule):
-    """What every drafter's LightningModule shares: AdamW + cosine, and the token count kept in checkpoints.
+    """What every drafter's LightningModule shares: its optimizer and schedule, and the token count kept in
+    checkpoints.
 
     Subclasses set `self.drafter`, `self.trainer_cfg` and count `self.tokens_seen` in training_step.
     """
@@ -40,7 +48,7 @@ class DrafterModule(LightningModule):
     tokens_seen: int = 0
 
     def configure_optimizers(self) -> dict:
-        return adamw_cosine(self.drafter.parameters(), self.trainer_cfg)
+        return build_optimizer(self.drafter.named_parameters(), self.trainer_cfg)
 
     def log_training(self, loss: torch.Tensor, terms: dict, batch_size: int | None = None) -> None:
         """A training step's loss (on the progress bar), its named terms and the learning rate."""

@@ -226,3 +226,13 @@ def test_params_show_prints_every_effective_value(tmp_path):
     shown = yaml.safe_load(result.stdout)
     assert shown == load_all(REPO / "params.yaml").model_dump(mode="json")
     assert shown["train"]["block"]["block_size"] == Params().train.block.block_size  # a default, not in the file
+
+
+def test_block_trainer_keeps_its_own_defaults_when_some_keys_are_set():
+    """The block drafter trains with Muon by default (train/block_recipe_bench.py measured it), the other kinds with AdamW, and
+    stating any train.block.trainer key (as the demo does) keeps the block's defaults for the others."""
+    params = parse_all({"train": {"block": {"trainer": {"max_steps": 5}}}})
+    assert params.train.block.trainer.optimizer == "muon" and params.train.block.trainer.max_steps == 5
+    assert params.train.ar.trainer.optimizer == "adamw" and params.train.eagle3.trainer.optimizer == "adamw"
+    with pytest.raises(ParamsError, match="optimizer 'muon' cannot run under strategy 'deepspeed_stage_3'"):
+        parse_all({"train": {"block": {"trainer": {"strategy": "deepspeed_stage_3"}}}})

@@ -26,16 +26,20 @@ def block_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The block drafter's loss over logits (…, L−1, V): Σ weight · position-weighted term; returns (total, terms).
 
-    `labels` (…, L−1) feed `ce` (the verifier's argmax or corpus tokens, the caller's choice);
-    `teacher_logits` (…, L−1, V) feed `fkl`.
+    `labels` (…, L−1) feed `ce` (the verifier's argmax or corpus tokens, the caller's choice) and the D-PACE
+    confidences; `teacher_logits` (…, L−1, V) feed `fkl`. `weights` (L−1,) are the fixed position weights;
+    with `position_weights: dpace` every term is weighted per block by `dpace_weights` instead.
     """
     terms: dict[str, torch.Tensor] = {}
-    if cfg.ce > 0:
+    if cfg.ce > 0 or cfg.position_weights == "dpace":
         if labels is None:
-            raise ValueError("the 'ce' block loss needs labels")
+            raise ValueError("the 'ce' block loss and D-PACE weights need labels")
         safe = torch.where(valid, labels, torch.zeros_like(labels))
-        nll = F.cross_entropy(student_logits.float().flatten(0, -2), safe.flatten(), reduction="none")
-        terms["ce"] = position_weighted_mean(nll.view_as(labels), valid, weights)
+        nll = F.cross_entropy(student_logits.float().flatten(0, -2), safe.flatten(), reduction="none").view_as(labels)
+        if cfg.position_weights == "dpace":
+            weights = dpace_weights(nll.detach(), valid, cfg.dpace_alpha)
+        if cfg.ce > 0:
+            terms["ce"] = position_weighted_mean(nll, valid, weights)
     if cfg.fkl > 0:
         if teacher_logits is None:
             raise ValueError("the 'fkl' block loss needs the verifier's logits")
@@ -43,6 +47,16 @@ def block_loss(
         terms["fkl"] = position_weighted_mean(kl, valid, weights)
     total = sum(getattr(cfg, name) * value for name, value in terms.items())
     return total, terms
+
+
+def dpace_weights(nll: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
+    """D-PACE weights (…, L−1) from per-position CE (detached): with q_i = (1 − α)·exp(−CE_i) + α (1 where
+    invalid), w_k = Σ_{j≥k} Π_{i≤j} q_i over valid j: the derivative of the block's expected accepted length
+    Σ_j Π_{i≤j} q_i by log q_k, so CE·w follows acceptance length, and a position behind an unlikely
+    prefix weighs little, whatever its index."""
+    confidence = torch.where(valid, (1.0 - alpha) * torch.exp(-nll) + alpha, torch.ones_like(nll))
+    reach = torch.cumprod(confidence, dim=-1) * valid
+    return reach.flip(-1).cumsum(-1).flip(-1) * valid
 
 
 def acceptance_rate(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -11,11 +11,11 @@ from safetensors import safe_open
 
 from pipeline.drafters.block.anchors import block_targets
 from pipeline.drafters.block.config import BlockDrafterConfig, BlockLossConfig, build_target_layer_ids
-from pipeline.drafters.block.losses import block_loss, default_gamma, position_weights
+from pipeline.drafters.block.losses import block_loss, default_gamma, dpace_weights, position_weights
 from pipeline.drafters.block.model import DFlashDraftModel, drafter_config, verifier_parts
 from tests.support.tiny_models import tiny_qwen3
 
-CE = BlockLossConfig(ce=1.0, fkl=0.0)
+CE = BlockLossConfig(ce=1.0, fkl=0.0, position_weights="exponential")  # the fixed weights the reference sums
 
 VOCAB, MASK_ID, BLOCK = 320, 1, 4
 
@@ -128,6 +128,28 @@ def test_decay_weights():
     torch.testing.assert_close(weights[1:] / weights[:-1], torch.full((14,), torch.exp(torch.tensor(-1 / 7)).item()))
     raw = torch.exp(-torch.arange(7, dtype=torch.float32) / 4)
     torch.testing.assert_close(position_weights(8), raw / raw.sum())
+
+
+def test_dpace_weights_follow_the_blocks_expected_acceptance():
+    """w_k = Σ_{j≥k} Π_{i≤j} q_i with q smoothed by alpha: a sure prefix keeps later positions heavy, a
+    position behind an unlikely one weighs little, invalid positions weigh nothing."""
+    nll = torch.tensor([[0.0, 0.0, 0.0], [20.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # q = 1 1 1 / ~0 1 1 / 1 1 1
+    valid = torch.tensor([[True, True, True], [True, True, True], [True, True, False]])
+    expected = torch.tensor([[3.0, 2.0, 1.0], [1.5, 1.0, 0.5], [2.0, 1.0, 0.0]])
+    torch.testing.assert_close(dpace_weights(nll, valid, alpha=0.5), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(dpace_weights(nll[1:2], valid[1:2], alpha=1.0), torch.tensor([[3.0, 2.0, 1.0]]))
+
+
+def test_dpace_loss_weights_blocks_by_confidence():
+    """The same logits weigh their positions differently under dpace than under the fixed decay, for ce and
+    for fkl alone (whose D-PACE confidences come from the labels all the same)."""
+    torch.manual_seed(0)
+    logits, labels, teacher = torch.randn(2, 5, 3, 10), torch.randint(0, 10, (2, 5, 3)), torch.randn(2, 5, 3, 10)
+    valid = torch.ones_like(labels, dtype=torch.bool)
+    for loss in (dict(ce=1.0, fkl=0.0), dict(ce=0.0, fkl=1.0)):
+        fixed, dpace = (block_loss(BlockLossConfig(**loss, position_weights=weights), logits, valid, position_weights(4),
+                                   labels=labels, teacher_logits=teacher)[0] for weights in ("exponential", "dpace"))
+        assert abs(fixed.item() - dpace.item()) > 1e-4, loss
 
 
 def test_target_layer_selection():
@@ -286,7 +308,8 @@ def test_block_loss_terms_are_position_weighted():
     labels = teacher.argmax(-1)
     valid = torch.rand(2, 3, BLOCK - 1) > 0.3
     weights = position_weights(BLOCK)
-    total, terms = block_loss(BlockLossConfig(ce=0.5, fkl=2.0), student, valid, weights, labels=labels,
+    fixed = {"position_weights": "exponential"}  # the weights this test sums by hand
+    total, terms = block_loss(BlockLossConfig(ce=0.5, fkl=2.0, **fixed), student, valid, weights, labels=labels,
                               teacher_logits=teacher)
     nll = torch.nn.functional.cross_entropy(student.flatten(0, -2), labels.flatten(), reduction="none").view_as(labels)
     log_p, log_q = teacher.log_softmax(-1), student.log_softmax(-1)
@@ -296,11 +319,11 @@ def test_block_loss_terms_are_position_weighted():
     torch.testing.assert_close(terms["fkl"], (kl * w).sum() / w.sum())
     torch.testing.assert_close(total, 0.5 * terms["ce"] + 2.0 * terms["fkl"])
     # a student equal to the teacher has zero KL; invalid positions never count
-    _, same = block_loss(BlockLossConfig(ce=0.0, fkl=1.0), teacher, valid, weights, teacher_logits=teacher)
+    _, same = block_loss(BlockLossConfig(ce=0.0, fkl=1.0, **fixed), teacher, valid, weights, teacher_logits=teacher)
     assert same["fkl"].abs() < 1e-6
     garbage = student.clone()
     garbage[~valid] = 1e4
-    _, masked = block_loss(BlockLossConfig(ce=1.0), garbage, valid, weights, labels=labels)
+    _, masked = block_loss(CE, garbage, valid, weights, labels=labels)
     torch.testing.assert_close(masked["ce"], terms["ce"])
 
 

@@ -10,7 +10,7 @@ import torch
 from pipeline.config.trainer_config import LossConfig, TrainerConfig
 from pipeline.training import distillation as losses
 from pipeline.training.agreement import AgreementCounts, simulated_acceptance_length
-from pipeline.training.module import adamw_cosine
+from pipeline.training.module import build_optimizer
 
 # One batch, two positions, vocabulary of 2. Position 0 is a response token; position 1 is masked.
 P = [0.8, 0.2]  # teacher at position 0
@@ -119,7 +119,7 @@ def test_acceptance_windows_and_length():
 
 def test_drafter_schedule_warms_up_then_decays_to_a_tenth():
     cfg = TrainerConfig(warmup_steps=10, max_steps=100, learning_rate=1e-3)
-    scheduled = adamw_cosine([torch.nn.Parameter(torch.zeros(2, 2))], cfg)
+    scheduled = build_optimizer([("w", torch.nn.Parameter(torch.zeros(2, 2)))], cfg)
     optimizer, schedule = scheduled["optimizer"], scheduled["lr_scheduler"]["scheduler"]
     rates = []
     for _ in range(101):
