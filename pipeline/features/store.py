@@ -13,8 +13,8 @@ with one exception: the last layer N is stored *before* the final norm (HF's `hi
 it), so training recomputes the verifier's logits with its final norm and LM head only and every kind
 reads HF's `hidden_states[N]` as `norm(layer.N)`.
 
-Reads are memory-mapped (`safe_open` + `get_slice`): a row costs its own bytes, never its shard's, so a
-training process's RAM does not grow with the corpus.
+Reads map a shard only while a batch's rows are copied out of it (`FeatureStore.read_rows`): a training
+process holds one batch of features at a time, so its RAM does not grow with the corpus.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 from pydantic import BaseModel, ValidationError
@@ -146,8 +146,7 @@ class FeatureStore:
     def __init__(self, directory: Path):
         self.directory = directory
         self.index = read_index(directory)
-        self._handles: dict[str, object] = {}
-        self._offsets: dict[str, Tensor] = {}
+        self._offsets: dict[str, Tensor] = {}  # per shard: small, read once
 
     def check(self, *, verifier_hash: str, corpus_hash: str, num_layers: int, hidden_size: int,
               layers: set[int], max_seq_len: int, what: str) -> None:
@@ -180,33 +179,45 @@ class FeatureStore:
                 return shard
         raise DraftlineError(f"verifier features at {self.directory}: no shard holds row {row} of '{split}'; {_HINT}")
 
-    def _open(self, shard: ShardEntry):
-        if shard.file not in self._handles:
-            path = self.directory / shard.file
-            try:
-                handle = safe_open(str(path), framework="pt")
-                offsets = handle.get_tensor("offsets")
-            except Exception as error:  # safetensors raises its own error types for a damaged header
-                raise DraftlineError(f"feature shard {path} is unreadable ({error.__class__.__name__}); {_HINT}") from None
+    def _offsets_of(self, shard: ShardEntry, handle) -> Tensor:
+        if shard.file not in self._offsets:
+            offsets = handle.get_tensor("offsets")
             if offsets.numel() != shard.end - shard.start + 1 or int(offsets[-1]) != shard.tokens:
-                raise DraftlineError(f"feature shard {path} disagrees with {INDEX_NAME} on its rows; {_HINT}")
-            self._handles[shard.file], self._offsets[shard.file] = handle, offsets
-        return self._handles[shard.file], self._offsets[shard.file]
+                raise DraftlineError(f"feature shard {self.directory / shard.file} disagrees with {INDEX_NAME} on its "
+                                     f"rows; {_HINT}")
+            self._offsets[shard.file] = offsets
+        return self._offsets[shard.file]
 
-    def row(self, split: str, row: int, layers: set[int] | None = None) -> FeatureRow:
-        """Row `row` of `split`: its tokens, prompt length and `layers` (default all stored), in the stored dtype."""
-        shard = self._shard(split, row)
-        handle, offsets = self._open(shard)
-        local = row - shard.start
-        start, end = int(offsets[local]), int(offsets[local + 1])
+    def read_rows(self, split: str, rows: Sequence[int], layers: set[int] | None = None) -> list[FeatureRow]:
+        """Rows `rows` of `split` (their tokens, prompt lengths and `layers`, default all stored, in the stored
+        dtype), in that order. Each shard is mapped only while its rows are copied out, so a long run's RSS holds
+        one batch of features, never the pages of every shard it has read."""
         wanted = self.index.layers if layers is None else sorted(layers)
-        return FeatureRow(
-            input_ids=handle.get_slice("input_ids")[start:end],
-            prompt_len=int(handle.get_slice("prompt_lens")[local : local + 1][0]),
-            layers={layer: handle.get_slice(f"layer.{layer}")[start:end] for layer in wanted},
-            num_layers=self.index.num_layers,
-        )
+        by_shard: dict[str, list[int]] = {}
+        shards: dict[str, ShardEntry] = {}
+        for row in rows:
+            shard = self._shard(split, row)
+            shards[shard.file] = shard
+            by_shard.setdefault(shard.file, []).append(row)
+        read: dict[int, FeatureRow] = {}
+        for name, shard_rows in by_shard.items():
+            shard, path = shards[name], self.directory / name
+            try:
+                with safe_open(str(path), framework="pt") as handle:
+                    offsets = self._offsets_of(shard, handle)
+                    prompt_lens = handle.get_tensor("prompt_lens")
+                    for row in shard_rows:
+                        local = row - shard.start
+                        start, end = int(offsets[local]), int(offsets[local + 1])
+                        read[row] = FeatureRow(
+                            input_ids=handle.get_slice("input_ids")[start:end],
+                            prompt_len=int(prompt_lens[local]),
+                            layers={layer: handle.get_slice(f"layer.{layer}")[start:end] for layer in wanted},
+                            num_layers=self.index.num_layers,
+                        )
+            except DraftlineError:
+                raise
+            except Exception as error:  # safetensors raises its own error types for a damaged file
+                raise DraftlineError(f"feature shard {path} is unreadable ({error.__class__.__name__}); {_HINT}") from None
+        return [read[row] for row in rows]
 
-    def __getstate__(self) -> dict:
-        # DataLoader workers get their own file handles
-        return {"directory": self.directory, "index": self.index, "_handles": {}, "_offsets": {}}

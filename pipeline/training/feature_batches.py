@@ -42,7 +42,7 @@ class SplitFeatures:
 
     def batch(self, row_ids: Sequence[int], tokens: Sequence[Sequence[int]], width: int) -> dict[str, Tensor]:
         """{`verifier_layer.<i>`: (B, width, H)} for corpus rows `row_ids`, whose training tokens are `tokens`."""
-        rows = [self.store.row(self.split, row_id, set(self.layers)) for row_id in row_ids]
+        rows = self.store.read_rows(self.split, row_ids, set(self.layers))
         for row_id, row, expected in zip(row_ids, rows, tokens):
             if row.input_ids.tolist() != list(expected):
                 raise DraftlineError(f"verifier features at {self.store.directory}: row {row_id} of split "

@@ -82,7 +82,7 @@ def test_features_are_the_verifiers_hidden_states(reference):
         assert store.rows(split) == len(corpus[split])
         for index, row in enumerate(corpus[split]):
             tokens, prompt_len = row_sequence(row["prompt_ids"], row["response_ids"], 24)
-            stored = store.row(split, index)
+            (stored,) = store.read_rows(split, [index])
             assert stored.input_ids.tolist() == tokens and stored.prompt_len == prompt_len
             with torch.no_grad():
                 hidden = model.model(torch.tensor([tokens]), output_hidden_states=True).hidden_states
