@@ -31,7 +31,10 @@ def _adam_steps(checkpoint: Path) -> int:
 
 
 def _start_training(params_path: Path) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MLFLOW_ENABLE_TELEMETRY": "false"}
+    # paced: offline, the tiny drafter's steps take milliseconds, faster than the poll below sees a checkpoint
+    paced = f"{REPO / 'tests' / 'support' / 'paced_steps'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MLFLOW_ENABLE_TELEMETRY": "false",
+           "PYTHONPATH": paced}
     return subprocess.Popen(
         [sys.executable, "-m", "train.dispatch", "--drafter", "ar", "--params", str(params_path)],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
