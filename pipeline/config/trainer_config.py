@@ -1,12 +1,19 @@
-"""The Lightning trainer and the AR-style loss mixture, shared by every drafter kind's `train.<kind>` section."""
+"""The Lightning trainer, the AR-style loss mixture and where the verifier's outputs come from, shared by every
+drafter kind's `train.<kind>` section."""
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import Field, StrictBool, field_validator, model_validator
 
 from pipeline.config.section import Section
+
+# `train.<kind>.features`
+VerifierFeatures = Annotated[Literal["offline", "online"], Field(
+    description="offline: learn from artifacts/features (stage extract_features) and never load the verifier's decoder "
+    "layers, so any verifier size trains; online: run the verifier forward in every training process",
+)]
 
 
 class TrainerConfig(Section):

@@ -7,7 +7,7 @@ from typing import Literal, Optional
 from pydantic import Field, model_validator
 
 from pipeline.config.section import Section
-from pipeline.config.trainer_config import LossConfig, TrainerConfig
+from pipeline.config.trainer_config import LossConfig, TrainerConfig, VerifierFeatures
 
 
 class ARDrafterConfig(Section):
@@ -23,10 +23,7 @@ class ARDrafterConfig(Section):
     # k, the tokens drafted per verifier step: trained for, recorded in training.json, and read from
     # there by export (launch configs), evaluate and serve_check, so they always match the drafter.
     draft_tokens: int = Field(4, ge=1, le=32)
-    features: Literal["offline", "online"] = Field(
-        "offline", description="offline: learn from artifacts/features (stage extract_features) and never load the "
-        "verifier's decoder layers, so any verifier size trains; online: run the verifier forward in every training process",
-    )
+    features: VerifierFeatures = "offline"
     loss: LossConfig = LossConfig()
     trainer: TrainerConfig = TrainerConfig()
 

@@ -7,7 +7,7 @@ from typing import Literal, Optional, Union
 from pydantic import Field, PositiveInt, StrictBool, model_validator
 
 from pipeline.config.section import Section, cross_check
-from pipeline.config.trainer_config import TrainerConfig
+from pipeline.config.trainer_config import TrainerConfig, VerifierFeatures
 from pipeline.errors import DraftlineError
 
 
@@ -108,10 +108,7 @@ class BlockDrafterConfig(Section):
         "step; costs T·(num_feature_layers·hidden + 1) floats per corpus row (T·vocab more with fkl) of memory; "
         "online only: offline the stored features already are that cache",
     )
-    features: Literal["offline", "online"] = Field(
-        "offline", description="offline: learn from artifacts/features (stage extract_features) and never load the "
-        "verifier's decoder layers, so any verifier size trains; online: run the verifier forward in every training process",
-    )
+    features: VerifierFeatures = "offline"
     trainer: BlockTrainerConfig = BlockTrainerConfig()
 
     @model_validator(mode="after")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Optional
 
 from pydantic import Field, StrictBool, field_validator, model_validator
 
 from pipeline.config.section import Section, unique
-from pipeline.config.trainer_config import TrainerConfig
+from pipeline.config.trainer_config import TrainerConfig, VerifierFeatures
 from pipeline.errors import DraftlineError
 
 
@@ -55,10 +55,7 @@ class Eagle3DrafterConfig(Section):
         "for fkl) after its first forward and reuse them every later epoch; online only: offline the stored features "
         "already are that cache",
     )
-    features: Literal["offline", "online"] = Field(
-        "offline", description="offline: learn from artifacts/features (stage extract_features) and never load the "
-        "verifier's decoder layers, so any verifier size trains; online: run the verifier forward in every training process",
-    )
+    features: VerifierFeatures = "offline"
     trainer: TrainerConfig = TrainerConfig()
 
     @field_validator("aux_layer_ids")
