@@ -43,7 +43,8 @@ from train.block_bench import Variant, merged, train_variant
 
 # the recipe before this comparison, pinned under every arm so the arms keep their meaning as the defaults move
 BEFORE = {"trainer": {"optimizer": "adamw", "learning_rate": 2e-3, "lr_schedule": "cosine"},
-          "loss": {"position_weights": "exponential"}, "anchors_per_sequence": 64, "attention": "bidirectional"}
+          "loss": {"position_weights": "exponential", "ce": 1.0, "fkl": 0.0, "greedy_chain": True},
+          "anchors_per_sequence": 64, "attention": "bidirectional", "feature_noise": 0.0, "prompt_anchors": True}
 PEER_OPTIMIZER = {"trainer": {"optimizer": "muon", "learning_rate": 1e-3, "lr_schedule": "linear"}}
 
 # overrides of BEFORE: each difference from the peer's recipe alone, then combinations
@@ -59,6 +60,16 @@ ARMS: dict[str, dict] = {
     "peer_optimizer": PEER_OPTIMIZER,
     "muon+dpace": {"trainer": {"optimizer": "muon"}, "loss": {"position_weights": "dpace"}},
     "peer_optimizer+dpace": {**PEER_OPTIMIZER, "loss": {"position_weights": "dpace"}},
+    "muon+dpace+noise": {"trainer": {"optimizer": "muon"}, "loss": {"position_weights": "dpace"},
+                         "feature_noise": 0.05},
+    "muon_lr3e-3+dpace": {"trainer": {"optimizer": "muon", "learning_rate": 3e-3}, "loss": {"position_weights": "dpace"}},
+    "muon+dpace+fkl": {"trainer": {"optimizer": "muon"}, "loss": {"position_weights": "dpace", "fkl": 1.0}},
+    "muon+dpace+fkl-chain": {"trainer": {"optimizer": "muon"}, "loss": {"position_weights": "dpace", "fkl": 1.0,
+                                                                       "greedy_chain": False}},
+    "muon+dpace+fkl-prompt": {"trainer": {"optimizer": "muon"}, "loss": {"position_weights": "dpace", "fkl": 1.0},
+                              "prompt_anchors": False},
+    "muon+dpace+fkl_only": {"trainer": {"optimizer": "muon"}, "loss": {"position_weights": "dpace", "fkl": 1.0,
+                                                                      "ce": 0.0}},
     "peer_recipe": {**PEER_OPTIMIZER, "loss": {"position_weights": "dpace"}, "anchors_per_sequence": "all"},
 }
 TEMPERATURES = (0.0, 0.8)

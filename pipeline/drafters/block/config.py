@@ -19,7 +19,11 @@ class BlockLossConfig(Section):
     """
 
     ce: float = Field(1.0, ge=0)
-    fkl: float = Field(0.0, ge=0)
+    fkl: float = Field(
+        1.0, ge=0, description="1 (with ce 1): on the demo (Muon + D-PACE, 2 seeds, 156 prompts) tau at T=0.8 code "
+        "1.53 -> 1.82, text 1.54 -> 1.78, at T=0 unchanged (3.01 -> 3.03, 4.21 -> 4.22): argmax CE teaches only the "
+        "top token, sampled drafts need the verifier's whole distribution; 0: argmax CE alone",
+    )
     confidence: float = Field(
         1.0, ge=0, description="weight of the confidence head's BCE against each position's acceptance rate "
         "(train.block.confidence_head only)",
@@ -87,6 +91,10 @@ class BlockDrafterConfig(Section):
     prompt_anchors: StrictBool = Field(
         True, description="training also anchors blocks at prompt positions (from 1; labels past position 1 only "
         "where the prompt follows the verifier's argmax, with greedy_chain): more blocks from a small corpus",
+    )
+    feature_noise: float = Field(
+        0.0, ge=0, description="training only: uniform noise in [-w, w] added to the verifier's target-layer hidden "
+        "states before the drafter reads them (the peer's DFlash recipe uses 0.05)",
     )
     gamma: Optional[float] = Field(None, gt=0, description="None: 7 for B=16, 5 for 10, 4 for 8")
     markov_rank: int = Field(

@@ -77,6 +77,16 @@ def verifier_targets(
     return VerifierTargets(hidden, out.logits.argmax(-1), out.logits if needs_teacher_logits(cfg) else None)
 
 
+def with_feature_noise(targets: VerifierTargets, half_width: float, generator: torch.Generator) -> VerifierTargets:
+    """The target-layer hidden states plus uniform noise in [−w, w] (the peer's `AddUniformNoise`): the drafter
+    learns not to lean on exact feature values, which serving's other kernels and dtypes never reproduce."""
+    noised = tuple(None if state is None else
+                   state + (torch.rand(state.shape, generator=generator, dtype=torch.float32) * 2 - 1)
+                   .mul_(half_width).to(state.device, state.dtype)
+                   for state in targets.hidden_states)
+    return VerifierTargets(noised, targets.top1, targets.logits)
+
+
 def needs_teacher_logits(cfg: BlockDrafterConfig) -> bool:
     """fkl learns the verifier's distribution; the confidence head's target is the acceptance rate against it."""
     return cfg.loss.fkl > 0 or cfg.confidence_head
@@ -221,7 +231,10 @@ class BlockDistillModule(DrafterModule):
     def training_step(self, batch: dict[str, Tensor], batch_index: int) -> Tensor:
         # Sampled anchors are fresh every step (so every epoch), reproducible across resume and distinct per rank.
         generator = anchor_generator(self.seed, self.global_step, batch_index, self.global_rank)
-        loss, terms, _, label_valid = block_signals(self.drafter, self.verifier_targets(batch, "train"), batch, self.cfg,
+        targets = self.verifier_targets(batch, "train")
+        if self.cfg.feature_noise > 0:
+            targets = with_feature_noise(targets, self.cfg.feature_noise, generator)
+        loss, terms, _, label_valid = block_signals(self.drafter, targets, batch, self.cfg,
                                                     self.weights, generator, self.embed_tokens, self.lm_head,
                                                     prompt_anchors=self.cfg.prompt_anchors)
         self.tokens_seen += int(label_valid.sum().item())

@@ -130,7 +130,7 @@ def test_training_reaches_the_markov_head_and_the_confidence_head_learns_accepta
     embed, head, _, _ = verifier_parts(verifier)
     loss, terms, _, _ = block_signals(model, targets, batch, cfg, position_weights(BLOCK), torch.Generator(), embed,
                                       head)
-    assert set(terms) == {"ce", "confidence"} and 0 < float(terms["confidence"].detach()) < 10
+    assert set(terms) == {"ce", "fkl", "confidence"} and 0 < float(terms["confidence"].detach()) < 10
     terms["confidence"].backward(retain_graph=True)
     assert model.confidence_head.proj.weight.grad.abs().sum() > 0
     assert model.markov_head.markov_w1.weight.grad.abs().sum() > 0

@@ -31,7 +31,7 @@ def test_cache_runs_the_verifier_once_per_split_and_batch():
 
 
 def test_cache_keeps_only_the_target_layers_and_logits_only_for_fkl():
-    trainer_module, _ = module(cache_verifier_outputs=True)
+    trainer_module, _ = module(cache_verifier_outputs=True, loss={"ce": 1.0, "fkl": 0.0})
     targets = trainer_module.verifier_targets(batches()[0], "train")
     # index 0 is the embeddings: target layers 0 and 2 are hidden_states[1] and [3]
     assert [state is not None for state in targets.hidden_states] == [False, True, False, True, False]
