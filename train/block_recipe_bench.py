@@ -76,12 +76,12 @@ TEMPERATURES = (0.0, 0.8)
 MAX_NEW_TOKENS = 48  # serve_check's generation length
 
 
-def eval_prompts(corpus, vocab_size: int) -> dict[str, list[list[int]]]:
-    """Every prompt of the test and validation splits, by domain (sorted)."""
+def eval_prompts(corpus, vocab_size: int | None) -> dict[str, list[list[int]]]:
+    """Every prompt of the test and validation splits, by domain (sorted); with `vocab_size`, those within it."""
     prompts: dict[str, list[list[int]]] = {}
     for split in ("test", "validation"):
         for domain, prompt_ids in zip(corpus[split]["domain"], corpus[split]["prompt_ids"]):
-            if prompt_ids and max(prompt_ids) < vocab_size:
+            if prompt_ids and (vocab_size is None or max(prompt_ids) < vocab_size):
                 prompts.setdefault(domain, []).append(list(prompt_ids))
     if not prompts:
         raise DraftlineError("the corpus has no test or validation prompts to decode; rebuild it")
