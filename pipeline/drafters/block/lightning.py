@@ -152,9 +152,9 @@ def at_block_positions(per_position: Tensor, anchors: Tensor, block_size: int) -
     """
     offsets = torch.arange(block_size - 1, device=anchors.device)
     positions = (anchors[..., None] + offsets).clamp(max=per_position.shape[1] - 1)  # (B, N, L−1)
-    flat = positions.flatten(1)
-    index = flat.view(*flat.shape, *([1] * (per_position.dim() - 2))).expand(-1, -1, *per_position.shape[2:])
-    return torch.gather(per_position, 1, index).view(*positions.shape, *per_position.shape[2:])
+    rows = torch.arange(per_position.shape[0], device=anchors.device)[:, None, None]
+    # indexing whole rows: a gather would build a (B, N·(L−1), V) index for the logits
+    return per_position[rows, positions]
 
 
 @torch.no_grad()

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.drafters.block.config import BlockLossConfig
-from pipeline.training.distillation import kl_per_position, log_probs, total_variation
+from pipeline.training.distillation import forward_kl_per_position, total_variation
 
 
 def position_weighted_mean(values: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -43,7 +43,7 @@ def block_loss(
     if cfg.fkl > 0:
         if teacher_logits is None:
             raise ValueError("the 'fkl' block loss needs the verifier's logits")
-        kl = kl_per_position(log_probs(teacher_logits, cfg.temperature), log_probs(student_logits, cfg.temperature))
+        kl = forward_kl_per_position(student_logits, teacher_logits, cfg.temperature)
         terms["fkl"] = position_weighted_mean(kl, valid, weights)
     total = sum(getattr(cfg, name) * value for name, value in terms.items())
     return total, terms

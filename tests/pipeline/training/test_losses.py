@@ -38,6 +38,23 @@ def test_fkl_is_kl_teacher_student():
     assert losses.fkl(student(), teacher(), MASK).item() == pytest.approx(kl(P, Q), rel=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_forward_kl_per_position_equals_kl_and_its_gradient(temperature):
+    """The fused form (soft-target CE less the teacher's entropy) gives KL(p || q) and KL's gradient."""
+    torch.manual_seed(0)
+    teacher_logits = torch.randn(3, 4, 9) * 3
+    teacher_logits[0, 0, :4] = -float("inf")  # zero teacher probabilities: 0·log 0 = 0
+    student_a, student_b = (torch.randn(3, 4, 9).requires_grad_() for _ in range(2))
+    with torch.no_grad():
+        student_b.copy_(student_a)
+    fused = losses.forward_kl_per_position(student_a, teacher_logits, temperature)
+    plain = losses.kl_per_position(losses.log_probs(teacher_logits, temperature), losses.log_probs(student_b, temperature))
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    (fused * torch.arange(4.0)).sum().backward()
+    (plain * torch.arange(4.0)).sum().backward()
+    torch.testing.assert_close(student_a.grad, student_b.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_rkl_is_kl_student_teacher():
     assert losses.rkl(student(), teacher(), MASK).item() == pytest.approx(kl(Q, P), rel=1e-5)
 
