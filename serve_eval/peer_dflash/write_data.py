@@ -6,7 +6,8 @@ OUT_DIR: a `datasets` dataset (`input_ids`, `loss_mask` 1 on response tokens, `s
 `hidden_states/hs_<row>.safetensors` ({"token_ids": [L], "hidden_states": [L, layers, hidden]}). The layers
 are what vLLM's `extract_hidden_states` hands the peer, and what draftline's own features hold: the block
 drafter's layers (HF `hidden_states` numbers = vLLM aux ids) and then the last layer before the final norm,
-appended as the peer's `launch_vllm.py` does. States come from the same HF engine as `extract_features`.
+appended as the peer's vLLM launcher (scripts/launch_vllm.py in speculators) does. States come from the same
+HF engine as `extract_features`.
 """
 
 from __future__ import annotations
