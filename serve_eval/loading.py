@@ -44,6 +44,18 @@ def load_test_prompts(paths: ArtifactPaths, per_domain: int, vocab_size: int | N
     return dict(sorted(prompts.items()))
 
 
+def held_out_prompts(corpus, vocab_size: int | None) -> dict[str, list[list[int]]]:
+    """Every prompt of the test and validation splits, by domain (sorted); with `vocab_size`, those within it."""
+    prompts: dict[str, list[list[int]]] = {}
+    for split in ("test", "validation"):
+        for domain, prompt_ids in zip(corpus[split]["domain"], corpus[split]["prompt_ids"]):
+            if prompt_ids and (vocab_size is None or max(prompt_ids) < vocab_size):
+                prompts.setdefault(domain, []).append(list(prompt_ids))
+    if not prompts:
+        raise DraftlineError("the corpus has no test or validation prompts to decode; rebuild it")
+    return dict(sorted(prompts.items()))
+
+
 def check_drafter(directory: Path, verifier: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kind: str) -> None:
     """Before any weights load: same tokenizer, vocabulary and head widths as the verifier, intact files."""
     require_checkpoint(directory, kind)

@@ -39,6 +39,7 @@ from pipeline.integrity import stop_token_ids
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info
 from pipeline.training.params import TrainParams
+from serve_eval.loading import held_out_prompts
 from train.block_bench import Variant, merged, train_variant
 
 # the recipe before this comparison, pinned under every arm so the arms keep their meaning as the defaults move
@@ -74,18 +75,6 @@ ARMS: dict[str, dict] = {
 }
 TEMPERATURES = (0.0, 0.8)
 MAX_NEW_TOKENS = 48  # serve_check's generation length
-
-
-def eval_prompts(corpus, vocab_size: int | None) -> dict[str, list[list[int]]]:
-    """Every prompt of the test and validation splits, by domain (sorted); with `vocab_size`, those within it."""
-    prompts: dict[str, list[list[int]]] = {}
-    for split in ("test", "validation"):
-        for domain, prompt_ids in zip(corpus[split]["domain"], corpus[split]["prompt_ids"]):
-            if prompt_ids and (vocab_size is None or max(prompt_ids) < vocab_size):
-                prompts.setdefault(domain, []).append(list(prompt_ids))
-    if not prompts:
-        raise DraftlineError("the corpus has no test or validation prompts to decode; rebuild it")
-    return dict(sorted(prompts.items()))
 
 
 def ratio_with_se(numerators: list[int], denominators: list[int]) -> tuple[float, float]:
@@ -163,7 +152,7 @@ def run(params: TrainParams, args: argparse.Namespace) -> dict:
     verifier, tokenizer = load_verifier(paths, params.verifier.dtype, params.verifier.trust_remote_code,
                                        params.verifier.allow_pickle_weights)
     corpus = load_corpus(paths)
-    prompts = eval_prompts(corpus, verifier.config.vocab_size)
+    prompts = held_out_prompts(corpus, verifier.config.vocab_size)
     steps = args.steps or params.train.block.trainer.max_steps
     out = args.out or paths.metrics / "bench_block_recipe.json"
     report = read_report(out)

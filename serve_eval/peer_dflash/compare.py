@@ -24,7 +24,7 @@ from pipeline.cli import run_stage, stage_parser
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info
-from serve_eval.loading import load_test_prompts
+from serve_eval.loading import held_out_prompts, load_test_prompts
 from serve_eval.serve_check import (
     BATCHED,
     SINGLE,
@@ -35,13 +35,13 @@ from serve_eval.serve_check import (
     run_engine,
     serving_env,
 )
-from train.block_recipe_bench import eval_prompts
 
 ALL = "all:"  # prefix of the every-prompt set's domains
+PEER_METHOD = "dflash"  # how vLLM serves speculators' DFlash checkpoints
 
 
 def prompt_sets(paths: ArtifactPaths, per_domain: int) -> dict[str, list[list[int]]]:
-    every = eval_prompts(load_corpus(paths), vocab_size=None)
+    every = held_out_prompts(load_corpus(paths), vocab_size=None)
     return {**load_test_prompts(paths, per_domain), **{ALL + domain: prompts for domain, prompts in every.items()}}
 
 
@@ -52,14 +52,19 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
     if environment is None:
         raise DraftlineError("no serving environment: run `make serve-env`")
     python, versions = environment
-    ours = exported_jobs(params.model_copy(update={"export": params.export.model_copy(update={"kinds": ["block"]})}),
-                         paths)["block"]
+    # ours: the export vLLM serves the way it serves the peer (`method: dflash`, the block drafter's layout)
+    dflash = {kind: job for kind, job in exported_jobs(params, paths).items()
+              if job["speculative_config"].get("method") == PEER_METHOD}
+    if not dflash:
+        raise DraftlineError(f"no exported drafter is served with method {PEER_METHOD}: export the block drafter "
+                             "(export.kinds) and run `dvc repro export`")
+    name, ours = next(iter(dflash.items()))
     k = ours["speculative_config"]["num_speculative_tokens"]
-    drafters = {"block": ours["speculative_config"]}
+    drafters = {name: ours["speculative_config"]}
     for peer in args.peers:
         if not (peer / "config.json").is_file():
             raise DraftlineError(f"{peer} has no config.json: pass a speculators checkpoint directory")
-        drafters[f"peer:{peer}"] = {"method": "dflash", "model": str(peer.resolve()), "num_speculative_tokens": k}
+        drafters[f"peer:{peer}"] = {"method": PEER_METHOD, "model": str(peer.resolve()), "num_speculative_tokens": k}
     prompts = prompt_sets(paths, config.prompts_per_domain)
     log_dir = paths.root / "peer_dflash"
     shutil.rmtree(log_dir, ignore_errors=True)
@@ -72,12 +77,12 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
         if results[name].get("error"):
             raise DraftlineError(f"vLLM with {name} failed: {results[name]['error']}")
     baseline = results.pop("baseline")["runs"]
-    report = {"serve_library_versions": versions, "max_new_tokens": config.max_new_tokens, "k": k,
-              "drafters": {name: {"speculative_config": drafters[name],
+    report = {"serve_library_versions": versions, "max_new_tokens": config.max_new_tokens, "k": k, "ours": name,
+              "drafters": {drafter: {"speculative_config": drafters[drafter],
                                   "runs": {run: {domain: greedy_run(result["runs"][run][domain], baseline[run][domain],
                                                                     1 if run == SINGLE else config.concurrency, k)
                                                  for domain in prompts} for run in (SINGLE, BATCHED)}}
-                           for name, result in results.items()}}
+                           for drafter, result in results.items()}}
     write_json_atomic(args.out, report)
     table = summary_table(report)
     write_text_atomic(args.out.with_suffix(".md"), table + "\n")
@@ -86,21 +91,20 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
 
 
 def summary_table(report: dict) -> str:
-    """Markdown: per prompt set and domain, batched τ ± SE of every drafter, identical outputs, per-position
-    acceptance, and the block drafter's ratio to each peer."""
-    drafters = report["drafters"]
-    peers = [name for name in drafters if name != "block"]
+    """Markdown: per prompt set and domain, batched τ ± SE of our drafter and every peer, identical outputs,
+    per-position acceptance, and our τ over each peer's."""
+    drafters, ours = report["drafters"], report["ours"]
     lines = ["| prompts | domain | drafter | τ batched ± SE | τ single | outputs identical | acceptance per position | "
-             "block / this |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for domain in drafters["block"]["runs"][BATCHED]:
-        ours = drafters["block"]["runs"][BATCHED][domain]["vllm"]["tau"]
-        for name in ["block", *peers]:
-            batched = drafters[name]["runs"][BATCHED][domain]
-            single = drafters[name]["runs"][SINGLE][domain]
+             "ours / this |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for domain in drafters[ours]["runs"][BATCHED]:
+        ours_tau = drafters[ours]["runs"][BATCHED][domain]["vllm"]["tau"]
+        for name, drafter in drafters.items():
+            batched, single = drafter["runs"][BATCHED][domain], drafter["runs"][SINGLE][domain]
             metrics = batched["vllm"]
             drafts = max(1, metrics["num_drafts"])
             acceptance = " ".join(f"{count / drafts:.2f}" for count in metrics["num_accepted_tokens_per_pos"])
-            ratio = f"{ours / metrics['tau']:.2f}x" if name != "block" and batched["outputs_identical"] else ""
+            comparable = name != ours and batched["outputs_identical"]
+            ratio = f"{ours_tau / metrics['tau']:.2f}x" if comparable else ""
             lines.append(f"| {'all' if domain.startswith(ALL) else 'serve_check'} ({batched['prompts']}) | "
                          f"{domain.removeprefix(ALL)} | {name.removeprefix('peer:')} | {metrics['tau']:.3f} ± "
                          f"{metrics['tau_se']:.3f} | {single['vllm']['tau']:.3f} | "

@@ -15,10 +15,11 @@ def drafter(tau: float, identical: bool = True) -> dict:
 
 
 def test_ratio_per_peer_and_none_for_a_lossy_peer():
-    report = {"drafters": {"block": drafter(3.0), "peer:/ckpt/a": drafter(2.5), "peer:/ckpt/b": drafter(2.0, False)}}
+    report = {"ours": "mine", "drafters": {"mine": drafter(3.0), "peer:/ckpt/a": drafter(2.5),
+                                           "peer:/ckpt/b": drafter(2.0, False)}}
     rows = [line.split(" | ") for line in summary_table(report).splitlines()[2:]]
     assert [(row[0], row[1], row[2], row[-1]) for row in rows] == [
-        ("| serve_check (8)", "code", "block", " |"), ("| serve_check (8)", "code", "/ckpt/a", "1.20x |"),
+        ("| serve_check (8)", "code", "mine", " |"), ("| serve_check (8)", "code", "/ckpt/a", "1.20x |"),
         ("| serve_check (8)", "code", "/ckpt/b", " |"),
-        ("| all (8)", "code", "block", " |"), ("| all (8)", "code", "/ckpt/a", "1.20x |"), ("| all (8)", "code", "/ckpt/b", " |")]
+        ("| all (8)", "code", "mine", " |"), ("| all (8)", "code", "/ckpt/a", "1.20x |"), ("| all (8)", "code", "/ckpt/b", " |")]
     assert rows[0][6] == "0.80 0.50" and rows[2][5] == "False"
