@@ -58,9 +58,9 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
     if not dflash:
         raise DraftlineError(f"no exported drafter is served with method {PEER_METHOD}: export the block drafter "
                              "(export.kinds) and run `dvc repro export`")
-    name, ours = next(iter(dflash.items()))
+    ours_name, ours = next(iter(dflash.items()))
     k = ours["speculative_config"]["num_speculative_tokens"]
-    drafters = {name: ours["speculative_config"]}
+    drafters = {ours_name: ours["speculative_config"]}
     for peer in args.peers:
         if not (peer / "config.json").is_file():
             raise DraftlineError(f"{peer} has no config.json: pass a speculators checkpoint directory")
@@ -77,7 +77,7 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
         if results[name].get("error"):
             raise DraftlineError(f"vLLM with {name} failed: {results[name]['error']}")
     baseline = results.pop("baseline")["runs"]
-    report = {"serve_library_versions": versions, "max_new_tokens": config.max_new_tokens, "k": k, "ours": name,
+    report = {"serve_library_versions": versions, "max_new_tokens": config.max_new_tokens, "k": k, "ours": ours_name,
               "drafters": {drafter: {"speculative_config": drafters[drafter],
                                   "runs": {run: {domain: greedy_run(result["runs"][run][domain], baseline[run][domain],
                                                                     1 if run == SINGLE else config.concurrency, k)
