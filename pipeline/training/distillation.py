@@ -44,8 +44,9 @@ def kl_per_position(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
 def forward_kl_per_position(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
                             temperature: float) -> torch.Tensor:
     """KL(teacher || student) per position, for a teacher without gradients: the cross-entropy of the student
-    under the teacher's probabilities less the teacher's entropy. PyTorch fuses that cross-entropy, so it takes
-    a third of `kl_per_position`'s time on the block drafter's (B, N, L−1, V) logits (its largest tensors)."""
+    under the teacher's probabilities less the teacher's entropy. PyTorch fuses that cross-entropy: on the
+    block drafter's (B, N, L−1, V) logits, its largest tensors, forward and backward took 10-20 ms against
+    30-37 ms for `kl_per_position` (demo shapes, 2 cores)."""
     with torch.no_grad():
         teacher_log_p = log_probs(teacher_logits, temperature)
         teacher_p = teacher_log_p.exp()

@@ -79,9 +79,10 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
     baseline = results.pop("baseline")["runs"]
     report = {"serve_library_versions": versions, "max_new_tokens": config.max_new_tokens, "k": k, "ours": ours_name,
               "drafters": {drafter: {"speculative_config": drafters[drafter],
-                                  "runs": {run: {domain: greedy_run(result["runs"][run][domain], baseline[run][domain],
-                                                                    1 if run == SINGLE else config.concurrency, k)
-                                                 for domain in prompts} for run in (SINGLE, BATCHED)}}
+                                     "runs": {run: {domain: greedy_run(result["runs"][run][domain],
+                                                                       baseline[run][domain],
+                                                                       1 if run == SINGLE else config.concurrency, k)
+                                                    for domain in prompts} for run in (SINGLE, BATCHED)}}
                            for drafter, result in results.items()}}
     write_json_atomic(args.out, report)
     table = summary_table(report)
