@@ -39,7 +39,7 @@ from pipeline.config.verifier_config import BootstrapConfig, VerifierConfig
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
-from pipeline.verifier_record import write_record
+from pipeline.verifier_record import configured_location, write_record
 
 
 class VerifierParams(StageParams):
@@ -351,7 +351,8 @@ def record_external(params: VerifierParams, paths: ArtifactPaths) -> None:
     check_tokenizer_fits(location, tokenizer, model.get_input_embeddings().num_embeddings)
     with atomic_dir(paths.verifier) as tmp:
         record = write_record(tmp, source="hf", name_or_path=str(location), id_prefix=Path(config.name_or_path).name,
-                              trust_remote_code=config.trust_remote_code, model_dir=location)
+                              trust_remote_code=config.trust_remote_code, model_dir=location,
+                              configured=configured_location(config))
     print_summary("bootstrap_verifier (external)", {
         "model": type(model).__name__, "path": str(location),
         "parameters": f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M", "id": record["id"],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import importlib
 import importlib.metadata
 import math
@@ -21,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 from pipeline.config.base import DEFAULT_PARAMS_PATH, DRAFTER_NAMES
 from pipeline.config.loader import Schema, load_params
 from pipeline.errors import DraftlineError, Terminated, describe_os_error
+from pipeline.process_tree import descendants, die_with_parent, end_started, set_subreaper
 
 # subcommand -> (module with main(argv), one-line description)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -75,24 +75,29 @@ def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Signals that end a stage like Ctrl-C: `kill`, dvc's own SIGTERM, a closed terminal or ssh session.
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+# After a terminating signal the stage has this long to unwind (stopping a vLLM server takes up to ~30 s);
+# then it ends what it started and exits, even if a library swallowed the interrupt or a thread blocks exit.
+EXIT_GRACE_S = 60.0
 
 
-def die_with_parent() -> None:
-    """The kernel sends this process SIGTERM when its parent exits, even by SIGKILL (Linux; elsewhere a no-op).
-    Also a `preexec_fn`: the child it runs in dies with the process that started it."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated
+def _force_exit(signum: int, before: set[int]) -> None:
+    print(f"draftline: the stage did not stop within {EXIT_GRACE_S:.0f} s of {signal.Signals(signum).name}; "
+          "ending it and the processes it started", file=sys.stderr, flush=True)
+    end_started(before)
+    os._exit(128 + signum)
 
 
 @contextlib.contextmanager
-def _stage_signals() -> Iterator[None]:
-    """SIGTERM unwinds the stage like Ctrl-C (cleanup runs, one line, exit 143); the previous handler is
-    restored after (a test calling `main` in-process keeps its own).
+def _stage_process() -> Iterator[None]:
+    """The stage and what it starts end together (pipeline/process_tree.py).
+
+    SIGTERM and SIGHUP unwind the stage like Ctrl-C (cleanup runs, one line naming the signal, exit 128 +
+    signal); a SIGHUP that is ignored (`nohup`) stays ignored. The first one also arms a timer: a stage still
+    alive `EXIT_GRACE_S` later is ended. On the way out, whatever way, every process the stage started (and
+    theirs: the stage is their subreaper) is ended. The previous handlers are restored after (a test calling
+    `main` in-process keeps its own).
 
     Under `dvc repro` (DVC sets DVC_STAGE) the stage also dies with DVC: a `kill -TERM` of dvc otherwise
     leaves it running with parent 1, later overwriting outputs DVC no longer knows about. PR_SET_PDEATHSIG
@@ -102,14 +107,31 @@ def _stage_signals() -> Iterator[None]:
     must outlive the shell that started it."""
     if "DVC_STAGE" in os.environ:
         die_with_parent()
-    if threading.current_thread() is not threading.main_thread():  # signals are handled on the main thread only
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    before = descendants()
+    was_subreaper = set_subreaper(True)
+    previous: dict[int, object] = {}
+    armed: list[threading.Timer] = []
+
+    def terminate(signum, frame) -> None:
+        if not armed:
+            armed.append(threading.Timer(EXIT_GRACE_S, _force_exit, (signum, before)))
+            armed[0].daemon = True
+            armed[0].start()
+        raise Terminated(signum)
+
+    if threading.current_thread() is threading.main_thread():  # signals are handled on the main thread only
+        for signum in TERMINATING:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, terminate)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        end_started(before)
+        set_subreaper(was_subreaper)
+        # an armed timer stays armed: after a signal the process is on its way out, and exit itself can hang
+        # (a non-daemon thread that never ends)
 
 
 def _flush_stdout() -> None:
@@ -134,8 +156,11 @@ def run_stage(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parser.parse_args(argv)
     try:
-        with _stage_signals():
+        with _stage_process():
             params = load_params(schema, args.params)
+            from pipeline.dvc_pipeline import check_generated  # here: `draftline --help` stays fast
+
+            check_generated()
             run(params, args)
             _flush_stdout()
     except DraftlineError as error:
@@ -148,9 +173,11 @@ def run_stage(
         from pipeline.progress import close_progress_bars
 
         close_progress_bars()
-        terminated = isinstance(interrupt, Terminated)
-        print(f"draftline: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
-        return 143 if terminated else 130
+        if isinstance(interrupt, Terminated):
+            print(f"draftline: terminated ({signal.Signals(interrupt.signum).name})", file=sys.stderr)
+            return 128 + interrupt.signum
+        print("draftline: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

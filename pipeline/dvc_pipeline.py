@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
+import os
 import sys
 from pathlib import Path
 from typing import Collection, Sequence
@@ -174,6 +176,14 @@ def module_file(name: str) -> Path | None:
 
 def imported_modules(path: Path) -> set[str]:
     """Every project module `path` imports, at the top or lazily inside a function."""
+    stat = path.stat()
+    return set(_imported_modules(path, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=None)
+def _imported_modules(path: Path, mtime_ns: int, size: int) -> frozenset[str]:
+    """Parsed once per version of the file: every stage's closure shares most files, and a stage start checks
+    dvc.yaml (`check_generated`), so generating must stay cheap."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -181,7 +191,7 @@ def imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from pkg import module`
-    return {name for name in names if name.split(".")[0] in PACKAGES and module_file(name)}
+    return frozenset(name for name in names if name.split(".")[0] in PACKAGES and module_file(name))
 
 
 # Modules that load every kind's part through `KindSpec.module`, which no import statement names.
@@ -245,6 +255,35 @@ def generate() -> str:
         table[name] = stage
     body = yaml.safe_dump({"stages": table}, sort_keys=False, width=120, allow_unicode=True)
     return HEADER + body
+
+
+REGENERATE = "run `python -m pipeline.dvc_pipeline` (and commit dvc.yaml), then rerun"
+
+
+def check_generated() -> None:
+    """Where a stage starts under `dvc repro`: dvc.yaml must be what this module generates, or DVC decides
+    what is stale from deps and params the stage does not actually have (a params dep deleted by hand, a
+    prompt file params.yaml names but dvc.yaml does not list). Outside DVC (no DVC_STAGE) dvc.yaml plays no
+    part in the run. The stage's code must be the project's own too: dvc.yaml lists this checkout's files,
+    so code imported from another clone (PYTHONPATH) would run unseen by DVC. About 0.3 s."""
+    root = os.environ.get("DVC_ROOT")
+    if "DVC_STAGE" not in os.environ or not root:
+        return
+    if Path(root).resolve() != REPO.resolve():
+        raise DraftlineError(f"dvc repro runs the project in {root}, but this stage's code is {REPO}'s; run it with "
+                             f"the project's own code (unset PYTHONPATH, or point it at {root})")
+    current = DVC_YAML.read_text(encoding="utf-8") if DVC_YAML.is_file() else ""
+    generated = generate()
+    if current == generated:
+        return
+    try:
+        ours, theirs = yaml.safe_load(generated)["stages"], (yaml.safe_load(current) or {}).get("stages") or {}
+        differ = sorted(name for name in {*ours, *theirs} if ours.get(name) != theirs.get(name))
+    except (yaml.YAMLError, AttributeError):
+        differ = []
+    where = f" (stages that differ: {', '.join(differ)})" if differ else ""
+    raise DraftlineError(f"dvc.yaml is not what `python -m pipeline.dvc_pipeline` generates from params.yaml and the "
+                         f"code{where}, so DVC does not track what this stage reads; {REGENERATE}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """User-facing errors: the CLI prints them as one line and exits non-zero, without a traceback."""
 
 import errno
+import signal
 import urllib.parse
 
 
@@ -29,8 +30,13 @@ def redact_url(url: str) -> str:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where it lands: cleanup written for Ctrl-C runs for it too, and the CLI exits 143
-    (128 + SIGTERM) rather than Ctrl-C's 130, so a supervisor sees which one stopped the stage."""
+    """SIGTERM (or SIGHUP), raised where it lands: cleanup written for Ctrl-C runs for it too, and the CLI
+    exits 128 + the signal (143 for SIGTERM) rather than Ctrl-C's 130, so a supervisor sees which one
+    stopped the stage."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signum)
+        self.signum = int(signum)
 
 
 def describe_os_error(error: OSError) -> str:

@@ -20,8 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.cli import die_with_parent
 from pipeline.errors import DraftlineError, Terminated
+from pipeline.process_tree import die_with_parent
 
 STOP_GRACE_S = 20.0
 
