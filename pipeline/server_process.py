@@ -73,11 +73,30 @@ def stop_group(process: subprocess.Popen) -> None:
         process.wait(timeout=5.0)
 
 
+class EngineKilled(DraftlineError):
+    """An engine ended by a signal (the kernel's OOM killer, an operator's `kill`, a crash): a failure of the
+    machine, never a verdict on the model it ran. The stage stops, and its last result stays."""
+
+
+def check_not_killed(returncode: int | None, what: str, log_path: Path) -> None:
+    """Raise `EngineKilled` naming the signal when `returncode` (a Popen's) says one ended the process."""
+    if returncode is None or returncode >= 0:
+        return
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    cause = " (the kernel's out-of-memory killer sends it: see `dmesg`)" if -returncode == signal.SIGKILL else ""
+    raise EngineKilled(f"{what} was killed by {name}{cause}; an engine that died is no evidence about what it ran, "
+                       f"so the stage stops and its last result stays; rerun once the cause is gone; log: {log_path}")
+
+
 def wait_ready(process: subprocess.Popen, port: int, timeout_s: float, log_path: Path, timeout_key: str) -> None:
     """Until GET /health is 200; a server that exits or stays unready raises with its last log line."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
+            check_not_killed(process.returncode, "vllm serve", log_path)
             raise DraftlineError(
                 f"vllm serve exited with code {process.returncode} before it was ready "
                 f"({log_tail(log_path) or 'no output'}); full log: {log_path}"

@@ -24,7 +24,7 @@ from pathlib import Path
 from export.launch_files import LAUNCH_NAME
 from pipeline.errors import DraftlineError
 from pipeline.progress import warn
-from pipeline.server_process import free_port, running_server
+from pipeline.server_process import EngineKilled, check_not_killed, free_port, running_server
 from pipeline.vllm_launch import command, command_line
 
 # Prometheus names of the counters vllm_runner.py reads through `LLM.get_metrics()`
@@ -146,10 +146,16 @@ def serve_launch_command(python: Path, argv: list[str], job: dict, log: Path, ti
     base = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
     try:
-        with running_server(full, port, log, timeout_s, "serve_check.engine_timeout_s", env):
+        with running_server(full, port, log, timeout_s, "serve_check.engine_timeout_s", env) as server:
             engine_start_s = time.perf_counter() - started
-            runs = {spec["name"]: {domain: run_domain(base, prompts, spec, job, timeout_s)
-                                   for domain, prompts in job["prompts"].items()} for spec in job["runs"]}
+            try:
+                runs = {spec["name"]: {domain: run_domain(base, prompts, spec, job, timeout_s)
+                                       for domain, prompts in job["prompts"].items()} for spec in job["runs"]}
+            except (urllib.error.URLError, OSError):
+                check_not_killed(server.poll(), "launch.md's vLLM server", log)  # before it is stopped on the way out
+                raise
+    except EngineKilled:
+        raise
     except (DraftlineError, urllib.error.URLError, OSError) as error:  # no start, a crash, a refused request
         detail = first_error_line(log) if log.is_file() else str(error)
         return {"error": detail, "log": str(log)}

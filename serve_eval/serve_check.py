@@ -57,11 +57,12 @@ from pipeline.config.serve_check_config import ServeCheckConfig
 from pipeline.config.stage_params import StageParams
 from pipeline.config.verifier_config import VerifierConfig
 from pipeline.errors import DraftlineError
-from pipeline.integrity import measured_artifacts
+from pipeline.integrity import measured_artifacts, verify_manifest
 from pipeline.lineage import library_versions, read_json
 from pipeline.paths import ArtifactPaths
+from pipeline.process_tree import die_with_parent
 from pipeline.progress import console, info, warn
-from pipeline.server_process import on_cpu
+from pipeline.server_process import check_not_killed, on_cpu
 from pipeline.serving_rule import (
     BATCHED,
     SINGLE,
@@ -144,13 +145,18 @@ def run_engine(python: Path, job: dict, name: str, log_dir: Path, config: ServeC
         job_path.write_text(json.dumps(job), encoding="utf-8")
         try:
             with log.open("w", encoding="utf-8") as handle:
-                subprocess.run([str(python), "-I", str(RUNNER), str(job_path), str(result_path)], stdout=handle,
-                               stderr=subprocess.STDOUT, env=env, timeout=config.engine_timeout_s, check=False)
+                done = subprocess.run([str(python), "-I", str(RUNNER), str(job_path), str(result_path)], stdout=handle,
+                                      stderr=subprocess.STDOUT, env=env, timeout=config.engine_timeout_s, check=False,
+                                      preexec_fn=die_with_parent)
         except subprocess.TimeoutExpired:
             return {"error": f"vLLM did not finish within {config.engine_timeout_s} s "
                              f"(serve_check.engine_timeout_s); log: {log}", "log": str(log)}
-        if not result_path.is_file():  # killed (memory) or the interpreter itself failed
-            return {"error": f"vLLM runner exited without a result: {_last_line(log)}", "log": str(log)}
+        # An engine that died (a signal, or an interpreter that failed before the runner could report) says
+        # nothing about the drafter: the stage fails and serving.json keeps its last result.
+        check_not_killed(done.returncode, f"the vLLM runner ({name})", log)
+        if not result_path.is_file():
+            raise DraftlineError(f"the vLLM runner ({name}) exited with code {done.returncode} without a result "
+                                 f"({_last_line(log)}); serving.json keeps its last result; log: {log}")
         return {**runner_result(result_path, job, log), "log": str(log)}
 
 
@@ -455,8 +461,37 @@ def exported_jobs(params: ServeCheckParams, paths: ArtifactPaths) -> dict[str, d
     return jobs
 
 
+def _same_model(a: str, b: str) -> bool:
+    """One model: the same directory through symlinks, or (not a path here) the same HF name."""
+    return Path(a).resolve() == Path(b).resolve() if Path(a).exists() or Path(b).exists() else a == b
+
+
+def check_served_files(paths: ArtifactPaths, kind: str, job: dict, verifier: str) -> None:
+    """What vLLM is about to serve is this project's, else one line: the export's own files, each as its
+    manifest hashed it (vllm.json, which names them, included), the drafter from inside the export dir, and
+    the verifier this project records. A vllm.json edited to point elsewhere, or an export dir swapped for
+    another one, would otherwise be measured and recorded under this project's verifier hash. (The export
+    dir itself resolves inside the project: ArtifactPaths refuses it otherwise.)"""
+    export_dir = paths.export(kind)
+    fix = "re-run `dvc repro -f export`"
+    verify_manifest(export_dir)
+    files = json.loads((export_dir / "manifest.json").read_text(encoding="utf-8"))["files"]
+    draft, model = job["speculative_config"].get("model"), job.get("model")
+    if not isinstance(draft, str) or not Path(draft).resolve().is_relative_to(export_dir.resolve()):
+        raise DraftlineError(f"{export_dir / VLLM_NAME} serves the {kind} drafter from {draft}, not from its export dir "
+                             f"{export_dir}; {fix}")
+    unlisted = sorted(path.relative_to(export_dir.resolve()).as_posix() for path in Path(draft).resolve().rglob("*")
+                      if path.is_file() and path.relative_to(export_dir.resolve()).as_posix() not in files)
+    if unlisted:
+        raise DraftlineError(f"{export_dir} holds {', '.join(unlisted[:3])}, which its manifest.json does not list "
+                             f"(vLLM would load it); {fix}")
+    if not isinstance(model, str) or not _same_model(model, verifier):
+        raise DraftlineError(f"{export_dir / VLLM_NAME} serves the verifier {model}, not this project's ({verifier}); "
+                             f"{fix}")
+
+
 def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
-    from pipeline.verifier_record import verifier_identity
+    from pipeline.verifier_record import model_location, read_record, verifier_identity
     from serve_eval.loading import load_test_prompts
 
     paths = ArtifactPaths.from_params(params)
@@ -486,6 +521,8 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
                   "`make serve-env` to check the drafters in vLLM")
         report["drafters"] = {kind: {"status": "skipped", "reason": reason, "domains": {}} for kind in jobs}
         return finish(report, paths, measured)
+    for kind, job in jobs.items():
+        check_served_files(paths, kind, job, model_location(paths, read_record(paths)))
 
     info(f"serve_check: vLLM without speculation ({sum(map(len, prompts.values()))} prompts, {python})")
     baseline = run_engine(python, engine_job(model, None, prompts, params), "baseline", log_dir, config)
