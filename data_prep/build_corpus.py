@@ -43,7 +43,7 @@ from pipeline.integrity import load_pretrained
 from pipeline.lineage import library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary, progress
-from pipeline.stage_inputs import InputParams, check_declared
+from pipeline.stage_inputs import InputParams
 from pipeline.verifier_record import model_location, read_record, verifier_identity
 
 
@@ -413,7 +413,6 @@ def run(params: CorpusParams, args: argparse.Namespace) -> None:
     config = params.corpus
     paths = ArtifactPaths.from_params(params)
     start = time.perf_counter()
-    check_declared("build_corpus", params)
     datasets.disable_progress_bars()  # one progress bar (ours) per stage
     record = read_record(paths)
     location = model_location(paths, record)

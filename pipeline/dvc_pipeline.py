@@ -265,13 +265,15 @@ def check_generated() -> None:
     what is stale from deps and params the stage does not actually have (a params dep deleted by hand, a
     prompt file params.yaml names but dvc.yaml does not list). Outside DVC (no DVC_STAGE) dvc.yaml plays no
     part in the run. The stage's code must be the project's own too: dvc.yaml lists this checkout's files,
-    so code imported from another clone (PYTHONPATH) would run unseen by DVC. About 0.3 s."""
+    so code imported from another checkout (the `draftline` script of an editable install elsewhere, a
+    PYTHONPATH) would run unseen by DVC. About 0.3 s on 2 cores."""
     root = os.environ.get("DVC_ROOT")
     if "DVC_STAGE" not in os.environ or not root:
         return
     if Path(root).resolve() != REPO.resolve():
-        raise DraftlineError(f"dvc repro runs the project in {root}, but this stage's code is {REPO}'s; run it with "
-                             f"the project's own code (unset PYTHONPATH, or point it at {root})")
+        raise DraftlineError(f"dvc repro runs the project in {root}, but this stage's code is {REPO}'s (an install "
+                             f"or PYTHONPATH of another checkout); run the project's own: `python -m <stage module>` "
+                             f"from {root}, or PYTHONPATH={root}")
     current = DVC_YAML.read_text(encoding="utf-8") if DVC_YAML.is_file() else ""
     generated = generate()
     if current == generated:

@@ -4,8 +4,8 @@
 (`verifier.source: hf` with `name_or_path` a directory) is read by `bootstrap_verifier`. DVC needs deps
 written in dvc.yaml before it runs anything, and its templating cannot turn a list in params.yaml into
 deps, so `python -m pipeline.dvc_pipeline` reads params.yaml and lists them (docs/reliability.md#inputs).
-A stage run by DVC checks that dvc.yaml lists what it reads, so a params edit without regenerating
-fails instead of leaving the file untracked.
+A stage run by DVC checks that dvc.yaml is what the generator makes (`dvc_pipeline.check_generated`), so a
+params edit without regenerating fails instead of leaving the file untracked.
 
 Not listed: an `hf` dataset or a verifier named by hub id (their cached snapshots are immutable per
 revision and their paths are machine-specific); the verifier's content hash check covers the latter.
@@ -16,12 +16,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import yaml
-
 from pipeline.config.corpus_config import CorpusConfig
 from pipeline.config.stage_params import StageParams
 from pipeline.config.verifier_config import VerifierConfig
-from pipeline.errors import DraftlineError
 
 
 class InputParams(StageParams):
@@ -48,21 +45,3 @@ def verifier_inputs(params: InputParams, root: Path) -> list[str]:
 
 
 STAGE_INPUTS = {"bootstrap_verifier": verifier_inputs, "build_corpus": corpus_inputs}
-
-
-def check_declared(stage: str, params: InputParams) -> None:
-    """Under `dvc repro`, refuse to read an input the stage's dvc.yaml entry does not list: DVC would not
-    rerun the stage when that file changes. Outside DVC (no DVC_STAGE) there is nothing to check."""
-    root = os.environ.get("DVC_ROOT")
-    if os.environ.get("DVC_STAGE") != stage or not root:
-        return
-    try:
-        stages = yaml.safe_load(Path(root, "dvc.yaml").read_text(encoding="utf-8"))["stages"]
-        declared = {dep if isinstance(dep, str) else next(iter(dep)) for dep in stages[stage].get("deps", [])}
-    except (OSError, yaml.YAMLError, KeyError, TypeError, StopIteration):
-        return  # a dvc.yaml DVC itself ran from; its shape is DVC's to check
-    missing = [path for path in STAGE_INPUTS[stage](params, Path(root).resolve()) if path not in declared]
-    if missing:
-        raise DraftlineError(f"{stage} reads {', '.join(missing)}, which dvc.yaml does not list as a dependency, so DVC "
-                             "would not rerun it when that changes; run `python -m pipeline.dvc_pipeline` and commit "
-                             "dvc.yaml")

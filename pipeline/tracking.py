@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.config.tracking_config import TrackingConfig
 from pipeline.errors import DraftlineError, redact_url
+from pipeline.progress import info
 
 SERVER_PROBE_TIMEOUT_S = 5.0
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -37,6 +38,64 @@ def sqlite_artifact_root(uri: str) -> str | None:
     """Artifacts of an embedded sqlite store live next to the database file, not in the cwd."""
     database = sqlite_path(uri)
     return str(database.parent / "mlruns") if database else None
+
+
+def checked_tracking_uri(tracking: TrackingConfig, base: Path | str = ".") -> str:
+    """The tracking URI for a stage that writes runs or artifacts (train, promote), checked first: the store
+    itself (`check_store`), and a project's own store kept inside the project. The default sqlite store and
+    its `mlruns/` must resolve inside `base`: after a copy, a `mlflow.db` or `mlruns` symlinked to the
+    original's, or the experiment's recorded artifact location (MLflow stores it absolute), would send this
+    project's runs into the original's. A store that tracking.uri or $MLFLOW_TRACKING_URI puts elsewhere is
+    elsewhere on purpose: said in one line, and promotion.json records the URI."""
+    uri = tracking_uri(tracking, base)
+    check_store(uri)
+    database = sqlite_path(uri)
+    if database is None:  # a server or database: where its artifacts go is the server's configuration
+        return uri
+    project = Path(base).resolve()
+    artifacts = Path(sqlite_artifact_root(uri)).resolve()
+    outside = [f"{what} {path}" for what, path in (("store", database), ("artifact dir", artifacts))
+               if not path.is_relative_to(project)]
+    configured_by = "tracking.uri" if tracking.uri else "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else None
+    if outside and configured_by is None:
+        raise DraftlineError(f"the MLflow {' and '.join(outside)} resolve outside this project {project} (a symlink "
+                             "to another project's?), which would receive this project's runs; remove the link (a "
+                             "fresh store is made here), or set tracking.uri to it if you mean it")
+    if outside:
+        info(f"MLflow: {', '.join(outside)} outside the project, as {configured_by} says")
+    location = _experiment_location(database, tracking.experiment)
+    if location is not None:
+        check_artifact_location(uri, tracking.experiment, location)
+    return uri
+
+
+def _experiment_location(database: Path, experiment: str) -> str | None:
+    """The artifact location the store records for `experiment`, read without MLflow; None if there is none yet."""
+    if not database.is_file():
+        return None
+    connection = sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
+    try:
+        row = connection.execute("SELECT artifact_location FROM experiments WHERE name = ?", (experiment,)).fetchone()
+    except sqlite3.Error:  # no tables yet: MLflow creates them, and the experiment, where the URI says
+        return None
+    finally:
+        connection.close()
+    return row[0] if row else None
+
+
+def check_artifact_location(uri: str, experiment: str, location: str) -> None:
+    """MLflow stores an absolute artifact path per experiment: after the project (and its mlflow.db) is
+    copied or moved, new runs would write into the old place's mlruns/."""
+    expected = sqlite_artifact_root(uri)
+    if expected is None or "://" in location.removeprefix("file://"):
+        return
+    actual = Path(location.removeprefix("file://")).resolve()
+    if not actual.is_relative_to(Path(expected).resolve()):  # MLflow may add the experiment id: mlruns/<id>
+        raise DraftlineError(
+            f"MLflow experiment '{experiment}' keeps artifacts in {actual}, not next to {sqlite_path(uri)} "
+            f"(the project was moved or copied); set tracking.experiment to a new name to start a fresh "
+            f"experiment here, or run from the original location"
+        )
 
 
 def check_store(uri: str) -> None:

@@ -24,7 +24,7 @@ from pipeline.integrity import refused_global
 from pipeline.lineage import git_commit, library_versions
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
-from pipeline.tracking import check_store, tracking_uri
+from pipeline.tracking import checked_tracking_uri
 from pipeline.training.feature_batches import TrainingFeatures, open_training_features
 from pipeline.training.feature_verifier import DECODED_OFFLINE_NOTE, FeatureVerifier
 from pipeline.training.frozen import FrozenVerifier, VerifierSource
@@ -75,7 +75,7 @@ def load_teacher(params: TrainParams, kind: str, paths: ArtifactPaths, identity:
 def distill(params: TrainParams, kind: str) -> dict | None:
     """Train and save drafter `kind`; returns training.json's content on rank 0 (None elsewhere)."""
     started = time.perf_counter()
-    check_store(tracking_uri(params.tracking))  # before minutes of loading and training, not after
+    checked_tracking_uri(params.tracking)  # before minutes of loading and training, not after
     paths = ArtifactPaths.from_params(params)
     identity, data_hash = verifier_identity(paths), corpus_hash(paths)
     teacher, tokenizer, features = load_teacher(params, kind, paths, identity, data_hash)

@@ -39,7 +39,14 @@ from mlflow.entities.model_registry import ModelVersion, RegisteredModel  # noqa
 from mlflow.exceptions import MlflowException  # noqa: E402
 
 from pipeline.errors import DraftlineError, redact_url  # noqa: E402
-from pipeline.tracking import TAG_MODEL_IDENTITY, TAG_STAGE, check_store, sqlite_artifact_root, sqlite_path  # noqa: E402
+from pipeline.tracking import (  # noqa: E402
+    TAG_MODEL_IDENTITY,
+    TAG_STAGE,
+    check_artifact_location,
+    check_store,
+    sqlite_artifact_root,
+    sqlite_path,
+)
 
 for _logger in ("mlflow", "alembic"):
     logging.getLogger(_logger).setLevel(logging.WARNING)
@@ -151,22 +158,8 @@ class Registry:
                 f"MLflow experiment '{name}' is deleted; restore it (`mlflow experiments restore`) "
                 "or set tracking.experiment to another name"
             )
-        self._check_artifact_location(name, experiment.artifact_location)
+        check_artifact_location(self.uri, name, experiment.artifact_location)
         return experiment.experiment_id
-
-    def _check_artifact_location(self, name: str, location: str) -> None:
-        """MLflow stores an absolute artifact path per experiment: after the project (and its
-        mlflow.db) is copied or moved, new runs would write into the old place's mlruns/."""
-        expected = sqlite_artifact_root(self.uri)
-        if expected is None or "://" in location.removeprefix("file://"):
-            return
-        actual = Path(location.removeprefix("file://")).resolve()
-        if not actual.is_relative_to(expected):  # MLflow may add the experiment id: mlruns/<id>
-            raise DraftlineError(
-                f"MLflow experiment '{name}' keeps artifacts in {actual}, not next to {sqlite_path(self.uri)} "
-                f"(the project was moved or copied); set tracking.experiment to a new name to start a fresh "
-                f"experiment here, or run from the original location"
-            )
 
     def find_training_run(self, experiment_id: str, identity: str) -> Run | None:
         """The latest finished training run that wrote the checkpoint with this identity, or None."""

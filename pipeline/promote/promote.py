@@ -69,7 +69,7 @@ from pipeline.promote.model_registry import (
     tag_key,
 )
 from pipeline.serving_rule import domain_failures
-from pipeline.tracking import TAG_MODEL_IDENTITY, TAG_STAGE, tracking_uri
+from pipeline.tracking import TAG_MODEL_IDENTITY, TAG_STAGE, checked_tracking_uri
 from pipeline.verifier_record import verifier_identity
 
 
@@ -621,7 +621,7 @@ def run(params: PromoteParams, args: argparse.Namespace) -> dict:
     serving = read_serving(params, paths)
     binding = binding_refusals(paths, evaluation, serving, kinds)
     refusals = {**serve_check_refusals(params, serving, kinds), **binding}
-    uri = tracking_uri(params.tracking)
+    uri = checked_tracking_uri(params.tracking)
     adopt = getattr(args, "adopt_foreign_model", False)
     with mlflow_errors(uri), registry_lock(uri):
         registry = Registry(uri)

@@ -1,6 +1,6 @@
 """Files named in params.yaml that a stage reads (prompt files, a local external verifier) are DVC deps of
-that stage: editing one makes real `dvc status` list the stage; a stage run by DVC refuses to read one
-that dvc.yaml does not list."""
+that stage: editing one makes real `dvc status` list the stage. (A stage run by DVC refuses to read one that
+dvc.yaml does not list: tests/pipeline/test_stage_inputs_named.py.)"""
 
 import json
 from pathlib import Path
@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.errors import DraftlineError
-from pipeline.stage_inputs import InputParams, check_declared, dep_path
+from pipeline.stage_inputs import dep_path
 from tests.support.dvc_workspace import DVC, copy_project, record_up_to_date, regenerate, stale_stages
 
 pytestmark = pytest.mark.skipif(not DVC.exists(), reason="dvc is not installed next to this interpreter")
@@ -63,21 +62,6 @@ def test_editing_an_external_verifier_makes_bootstrap_verifier_stale(workspace):
         assert stale_stages(repo) == {"bootstrap_verifier"}
     finally:
         weights.unlink()
-
-
-def _params(prompts: str) -> InputParams:
-    return InputParams.model_validate({"corpus": {"sources": [{"kind": "file", "path": prompts, "domain": "text"}]}})
-
-
-def test_a_stage_under_dvc_refuses_an_input_dvc_yaml_does_not_list(tmp_path, monkeypatch):
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"build_corpus": {"deps": ["old.jsonl"]}}}))
-    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    monkeypatch.setenv("DVC_STAGE", "build_corpus")
-    check_declared("build_corpus", _params("old.jsonl"))
-    with pytest.raises(DraftlineError, match=r"reads new\.jsonl, which dvc\.yaml does not list.*pipeline\.dvc_pipeline"):
-        check_declared("build_corpus", _params("new.jsonl"))
-    monkeypatch.delenv("DVC_STAGE")  # run by hand, not by DVC: nothing to check against
-    check_declared("build_corpus", _params("new.jsonl"))
 
 
 def test_dep_paths_are_relative_inside_the_project_and_absolute_outside(tmp_path):
