@@ -293,13 +293,16 @@ def test_stage_without_serving_env_records_skipped(tmp_path, monkeypatch):
     """No `.venv-serve` and `serve_check.required: false`: every drafter is skipped with the command that fixes
     it; the stage still succeeds."""
     tokenizer = tiny_tokenizer()
-    paths = ArtifactPaths.from_params(parse_all(yaml.safe_load(write_params(tmp_path, required=False).read_text())))
+    params_path = write_params(tmp_path, required=False)
+    params = {**yaml.safe_load(params_path.read_text()), "verifier": {"source": "hf", "name_or_path": str(tmp_path / "v")}}
+    params_path.write_text(yaml.safe_dump(params))
+    paths = ArtifactPaths.from_params(parse_all(params))
     write_corpus(tokenizer, paths.corpus)
     # what serve_check hashes of an external verifier: its files (a model dir: config.json and tokenizer)
     tiny_qwen3(len(tokenizer), num_layers=1).config.save_pretrained(tmp_path / "v")
     tokenizer.save_pretrained(tmp_path / "v")
     record = write_record(paths.verifier, source="hf", name_or_path=str(tmp_path / "v"), id_prefix="v",
-                          model_dir=tmp_path / "v")
+                          model_dir=tmp_path / "v", configured=str((tmp_path / "v").resolve()))
     for kind in DRAFTER_NAMES:
         paths.export(kind).mkdir(parents=True)
         (paths.export(kind) / "vllm.json").write_text(json.dumps({"model": "/v", "speculative_config": {}}))

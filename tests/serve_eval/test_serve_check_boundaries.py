@@ -133,3 +133,16 @@ def test_an_export_moved_out_and_symlinked_back_is_refused(project, tmp_path, ca
     export_dir.symlink_to(elsewhere, target_is_directory=True)
     err = _one_line_failure(capsys)
     assert f"resolves to {elsewhere}, outside {project}" in err
+
+
+def test_a_launch_command_server_killed_by_a_signal_fails_the_stage(tmp_path):
+    """launch.md's command served by a server that the kernel kills before it is ready: no drafter verdict."""
+    from pipeline.server_process import EngineKilled
+    from serve_eval.launch_check import serve_launch_command
+
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nkill -9 $$\n")
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    job = {"dtype": "float32", "max_model_len": 64, "seed": 0, "enforce_eager": True, "prompts": {}, "runs": []}
+    with pytest.raises(EngineKilled, match="vllm serve was killed by SIGKILL"):
+        serve_launch_command(python, ["python"], job, tmp_path / "launch.log", 30, {})
