@@ -49,21 +49,16 @@ class ArtifactPaths:
     @classmethod
     def from_params(cls, params: StageParams, base: Path | str = ".") -> "ArtifactPaths":
         base = Path(base)
-        project = params.project
-        paths = cls(
-            root=base / project.artifacts_dir,
-            metrics=base / project.metrics_dir,
-            plots=base / project.plots_dir,
-            home=home_of(base, Path(project.artifacts_dir)),
-            verifier_config=getattr(params, "verifier", None),
-        )
-        for key, path in (("artifacts_dir", paths.root), ("metrics_dir", paths.metrics), ("plots_dir", paths.plots)):
+        dirs = params.project.output_dirs()
+        for key, configured in dirs.items():
+            path = base / configured
             if path.exists() and not path.is_dir():  # else a stage's first mkdir there is a traceback
                 raise DraftlineError(f"project.{key} '{path}' exists and is not a directory; move it away or "
                                      f"point project.{key} elsewhere")
-            check_inside(path, home_of(base, Path(getattr(project, key))),
-                         f"move it back, or set project.{key} to where it is if you mean it")
-        return paths
+            check_inside(path, home_of(base, configured), f"move it back, or set project.{key} to where it is if "
+                                                          "you mean it")
+        return cls(root=base / dirs["artifacts_dir"], metrics=base / dirs["metrics_dir"], plots=base / dirs["plots_dir"],
+                   home=home_of(base, dirs["artifacts_dir"]), verifier_config=getattr(params, "verifier", None))
 
     def _inside(self, path: Path) -> Path:
         if self.home is None:
