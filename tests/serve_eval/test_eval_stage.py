@@ -1,6 +1,7 @@
 """The `evaluate` stage end to end on tiny artifacts built in a tmp dir."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -44,8 +45,8 @@ def test_evaluate_writes_contract_metrics_and_plots(tiny_workspace, monkeypatch)
 def test_missing_drafter_is_a_clear_error(tiny_workspace, monkeypatch, capsys, tmp_path):
     empty = tmp_path / "empty"
     (empty / "artifacts").mkdir(parents=True)
-    for name in ("verifier", "corpus"):
-        (empty / "artifacts" / name).symlink_to(tiny_workspace / "artifacts" / name)
+    for name in ("verifier", "corpus"):  # copies: a project never reads another's files through symlinks
+        shutil.copytree(tiny_workspace / "artifacts" / name, empty / "artifacts" / name)
     monkeypatch.chdir(empty)
     assert main(["--params", evaluate_params(empty, drafters=["block"])]) == 1
     assert "drafter 'block' not found" in capsys.readouterr().err
