@@ -10,7 +10,6 @@ from pathlib import Path
 
 from pipeline.config.tracking_config import TrackingConfig
 from pipeline.errors import DraftlineError, redact_url
-from pipeline.progress import info
 
 SERVER_PROBE_TIMEOUT_S = 5.0
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -46,7 +45,7 @@ def checked_tracking_uri(tracking: TrackingConfig, base: Path | str = ".") -> st
     its `mlruns/` must resolve inside `base`: after a copy, a `mlflow.db` or `mlruns` symlinked to the
     original's, or the experiment's recorded artifact location (MLflow stores it absolute), would send this
     project's runs into the original's. A store that tracking.uri or $MLFLOW_TRACKING_URI puts elsewhere is
-    elsewhere on purpose: said in one line, and promotion.json records the URI."""
+    elsewhere on purpose, and promotion.json records its URI."""
     uri = tracking_uri(tracking, base)
     check_store(uri)
     database = sqlite_path(uri)
@@ -56,13 +55,11 @@ def checked_tracking_uri(tracking: TrackingConfig, base: Path | str = ".") -> st
     artifacts = Path(sqlite_artifact_root(uri)).resolve()
     outside = [f"{what} {path}" for what, path in (("store", database), ("artifact dir", artifacts))
                if not path.is_relative_to(project)]
-    configured_by = "tracking.uri" if tracking.uri else "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else None
-    if outside and configured_by is None:
+    configured = bool(tracking.uri or os.environ.get("MLFLOW_TRACKING_URI"))
+    if outside and not configured:
         raise DraftlineError(f"the MLflow {' and '.join(outside)} resolve outside this project {project} (a symlink "
                              "to another project's?), which would receive this project's runs; remove the link (a "
                              "fresh store is made here), or set tracking.uri to it if you mean it")
-    if outside:
-        info(f"MLflow: {', '.join(outside)} outside the project, as {configured_by} says")
     location = _experiment_location(database, tracking.experiment)
     if location is not None:
         check_artifact_location(uri, tracking.experiment, location)
