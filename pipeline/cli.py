@@ -90,8 +90,10 @@ def _force_exit(signum: int, before: set[int]) -> None:
 
 
 @contextlib.contextmanager
-def _stage_process() -> Iterator[None]:
-    """The stage and what it starts end together (pipeline/process_tree.py).
+def _stage_process(received: list[int]) -> Iterator[None]:
+    """The stage and what it starts end together (pipeline/process_tree.py). `received` collects the
+    terminating signals that arrived: a library may turn the interrupt into its own (Lightning into exit(1),
+    which training turns into a plain KeyboardInterrupt), and the stage's last line still names the signal.
 
     SIGTERM and SIGHUP unwind the stage like Ctrl-C (cleanup runs, one line naming the signal, exit 128 +
     signal); a SIGHUP that is ignored (`nohup`) stays ignored. The first one also arms a timer: a stage still
@@ -113,6 +115,7 @@ def _stage_process() -> Iterator[None]:
     armed: list[threading.Timer] = []
 
     def terminate(signum, frame) -> None:
+        received.append(signum)
         if not armed:
             armed.append(threading.Timer(EXIT_GRACE_S, _force_exit, (signum, before)))
             armed[0].daemon = True
@@ -155,8 +158,9 @@ def run_stage(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parser.parse_args(argv)
+    received: list[int] = []
     try:
-        with _stage_process():
+        with _stage_process(received):
             params = load_params(schema, args.params)
             from pipeline.dvc_pipeline import check_generated  # here: `draftline --help` stays fast
 
@@ -173,9 +177,10 @@ def run_stage(
         from pipeline.progress import close_progress_bars
 
         close_progress_bars()
-        if isinstance(interrupt, Terminated):
-            print(f"draftline: terminated ({signal.Signals(interrupt.signum).name})", file=sys.stderr)
-            return 128 + interrupt.signum
+        signum = interrupt.signum if isinstance(interrupt, Terminated) else (received or [None])[0]
+        if signum is not None:
+            print(f"draftline: terminated ({signal.Signals(signum).name})", file=sys.stderr)
+            return 128 + signum
         print("draftline: interrupted", file=sys.stderr)
         return 130
     return 0

@@ -22,14 +22,15 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 # A stage that starts an engine-like child (`sh`, exec'ed into `sleep`) with a worker of its own (the
 # background `sleep`), prints its own, the child's and the worker's pid, then waits. `swallow`: a library
-# that catches the interrupt and carries on (the stage must end anyway, after its grace period).
+# that catches the interrupt and carries on (the stage must end anyway, after its grace period); `convert`:
+# one that turns it into its own (as Lightning's graceful shutdown and training's re-raise do).
 STAGE = """
 import subprocess, sys, time
 import pipeline.cli as cli
 from pipeline.config.stage_params import StageParams
 
 cli.EXIT_GRACE_S = 2.0
-swallow = sys.argv[2] == "swallow"
+mode = sys.argv[2]
 
 def run(params, args):
     child = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; exec sleep 300"], stdout=subprocess.PIPE, text=True)
@@ -39,7 +40,9 @@ def run(params, args):
         try:
             time.sleep(300)
         except KeyboardInterrupt:
-            if not swallow:
+            if mode == "convert":
+                raise KeyboardInterrupt from None
+            if mode != "swallow":
                 raise
 
 sys.exit(cli.run_stage(cli.stage_parser("t", "t"), StageParams, run, ["--params", sys.argv[1]]))
@@ -108,9 +111,10 @@ def _stage(params: Path, mode: str) -> tuple[subprocess.Popen, list[int]]:
     return process, _pids(f"{process.pid} {line}")
 
 
+@pytest.mark.parametrize("mode", ["unwind", "convert"])
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
-def test_a_signalled_stage_names_the_signal_and_ends_its_children(params, signum, code):
-    process, pids = _stage(params, "unwind")
+def test_a_signalled_stage_names_the_signal_and_ends_its_children(params, signum, code, mode):
+    process, pids = _stage(params, mode)
     try:
         process.send_signal(signum)
         _, err = process.communicate(timeout=30)
