@@ -37,6 +37,7 @@ from train.trainer import (
     full_state_dict,
     is_rank_zero,
     make_mlflow_logger,
+    refuse_non_finite,
     resume_checkpoint,
     save_drafter_atomic,
     single_writer,
@@ -91,7 +92,8 @@ def distill(params: TrainParams, kind: str) -> dict | None:
             info(f"resuming from {resume}")
         logger = make_mlflow_logger(params, kind, paths.checkpoints(kind))
         module = recipe.make_module()
-        trainer = build_trainer(recipe.trainer_config, checkpoint_dir=paths.checkpoints(kind), logger=logger)
+        trainer = build_trainer(recipe.trainer_config, checkpoint_dir=paths.checkpoints(kind), logger=logger,
+                                stage=f"train.{kind}")
         fit_started = time.perf_counter()
         try:
             # The checkpoint dir may hold files this run did not write: unpickle them weights-only.
@@ -110,6 +112,7 @@ def distill(params: TrainParams, kind: str) -> dict | None:
         tokens = int(trainer.strategy.reduce(torch.tensor(float(module.tokens_seen)), reduce_op="sum").item())
         if not is_rank_zero():
             return None
+        refuse_non_finite(state, f"train.{kind}", "after training", "the drafter was not saved")
 
         # A fresh copy from the gathered weights: under ZeRO the trained module's tensors are partitioned.
         final = type(recipe.drafter)(recipe.drafter.config)
