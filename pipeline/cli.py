@@ -14,6 +14,7 @@ import importlib.metadata
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import Callable, Iterator, Sequence
@@ -89,6 +90,29 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated
 
 
+TERMINATED_LINE = "draftline: terminated (SIGTERM)"
+SIGTERM_GRACE_S = 10.0
+
+
+def _end_if_stuck(wakeups: socket.socket, finished: threading.Event) -> None:
+    """Python runs a signal's handler only between bytecodes of the main thread, so a stage blocked in C++ (a
+    torch.distributed rendezvous or collective waiting for a peer that never comes; Lightning's own SIGTERM
+    handler broadcasting to one) never sees SIGTERM, and `timeout`/`kill` could not end it. The C-level handler
+    also writes the signal's number to the wakeup socket: this thread reads it, and a stage that has not unwound
+    SIGTERM_GRACE_S later ends here, with the line and exit code an unwound one gives."""
+    while True:
+        try:
+            received = wakeups.recv(64)
+        except OSError:
+            return
+        if not received:  # the stage ended: its end of the pair was closed
+            return
+        if signal.SIGTERM in received and not finished.wait(SIGTERM_GRACE_S):
+            with contextlib.suppress(OSError):
+                print(TERMINATED_LINE, file=sys.stderr, flush=True)
+            os._exit(143)
+
+
 @contextlib.contextmanager
 def _stage_signals() -> Iterator[None]:
     """SIGTERM unwinds the stage like Ctrl-C (cleanup runs, one line, exit 143); the previous handler is
@@ -99,17 +123,29 @@ def _stage_signals() -> Iterator[None]:
     rather than a watchdog polling os.getppid(): the kernel signals at once, even when DVC is SIGKILLed, and
     no thread has to poll in every stage. DVC runs the command through `$SHELL -c`, which execs a single
     command, so the parent is DVC itself. Only under DVC: a stage started by hand (`nohup draftline train &`)
-    must outlive the shell that started it."""
+    must outlive the shell that started it. A stage blocked in C++, where no Python handler runs, still ends
+    SIGTERM_GRACE_S after a SIGTERM (`_end_if_stuck`)."""
     if "DVC_STAGE" in os.environ:
         die_with_parent()
     if threading.current_thread() is not threading.main_thread():  # signals are handled on the main thread only
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)  # set_wakeup_fd needs it: the C handler must never block
+    previous_wakeup = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    finished = threading.Event()
+    watchdog = threading.Thread(target=_end_if_stuck, args=(reader, finished), name="sigterm-watchdog", daemon=True)
+    watchdog.start()
     try:
         yield
     finally:
+        finished.set()
+        signal.set_wakeup_fd(previous_wakeup)
         signal.signal(signal.SIGTERM, previous)
+        writer.close()  # the watchdog reads end-of-file and returns
+        watchdog.join(timeout=1)
+        reader.close()
 
 
 def _flush_stdout() -> None:
@@ -149,7 +185,7 @@ def run_stage(
 
         close_progress_bars()
         terminated = isinstance(interrupt, Terminated)
-        print(f"draftline: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
+        print(TERMINATED_LINE if terminated else "draftline: interrupted", file=sys.stderr)
         return 143 if terminated else 130
     return 0
 

@@ -31,6 +31,7 @@ from pipeline.training.frozen import FrozenVerifier, VerifierSource
 from pipeline.training.params import TrainParams
 from pipeline.training.verifier_head import load_verifier_head
 from pipeline.verifier_record import verifier_identity
+from train.launch import join_launch
 from train.trainer import (
     build_trainer,
     flatten,
@@ -76,6 +77,7 @@ def load_teacher(params: TrainParams, kind: str, paths: ArtifactPaths, identity:
 def distill(params: TrainParams, kind: str) -> dict | None:
     """Train and save drafter `kind`; returns training.json's content on rank 0 (None elsewhere)."""
     started = time.perf_counter()
+    join_launch(getattr(params.train, kind).trainer, f"train.{kind}")  # a launch that cannot be right: one line, now
     check_store(tracking_uri(params.tracking))  # before minutes of loading and training, not after
     paths = ArtifactPaths.from_params(params)
     identity, data_hash = verifier_identity(paths), corpus_hash(paths)

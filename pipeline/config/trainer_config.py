@@ -38,6 +38,11 @@ class TrainerConfig(Section):
     strategy: Literal["auto", "ddp", "deepspeed_stage_2", "deepspeed_stage_3"] = "auto"
     devices: int | Literal["auto"] = 1
     num_nodes: int = Field(1, ge=1)
+    rendezvous_timeout_s: float = Field(
+        30, gt=0, le=3600, description="how long a multi-process launch waits for every process to join, first thing "
+        "in training (before any loading, so launchers that start every process at once meet within seconds); "
+        "then one line naming who is missing",
+    )
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
     offload_optimizer: StrictBool = False
