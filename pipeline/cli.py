@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 from pipeline.config.base import DEFAULT_PARAMS_PATH, DRAFTER_NAMES
 from pipeline.config.loader import Schema, load_params
-from pipeline.errors import DraftlineError, Terminated, describe_os_error
+from pipeline.errors import DraftlineError, Terminated, describe_os_error, os_error_behind
 
 # subcommand -> (module with main(argv), one-line description)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -180,6 +180,12 @@ def run_stage(
         with contextlib.suppress(OSError):
             _flush_stdout()
         return report_error(DraftlineError(describe_os_error(error)))
+    except Exception as error:
+        # a library that wraps the OS's error in its own type (safetensors, torch's C++ writers): the same one line
+        behind = os_error_behind(error)
+        if behind is None:
+            raise
+        return report_error(DraftlineError(describe_os_error(behind, unnamed="an output of this stage")))
     except KeyboardInterrupt as interrupt:
         from pipeline.progress import close_progress_bars
 
