@@ -1,4 +1,4 @@
-"""Launcher mistakes end in one line, fast (issue 44 rows 4 and 9, issue 45 item 3): a rank that cannot exist,
+"""Launcher mistakes end in one line, fast: a rank that cannot exist,
 more nodes configured than a launcher started, devices that differ from the processes per node, a port in use,
 a peer that never joins; and a stage blocked in C++ (a rendezvous) still ends on SIGTERM."""
 

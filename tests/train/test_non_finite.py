@@ -1,5 +1,5 @@
 """A non-finite loss, gradient or weight stops training with one line naming what, where and which step, and no
-checkpoint, drafter or export holds it (issue 44 row 1: damaged features trained a drafter saved with NaN weights)."""
+checkpoint, drafter or export holds it (damaged features trained a drafter saved with NaN weights, exit 0)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Training knobs far past any sensible value are refused with the reason, not trained into garbage
-(issue 44 row 11: `train.block.feature_noise: 1e30` was accepted and trained a drafter no better than untrained)."""
+(`train.block.feature_noise: 1e30` was accepted and trained a drafter no better than untrained)."""
 
 from __future__ import annotations
 
