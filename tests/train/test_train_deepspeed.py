@@ -56,3 +56,12 @@ def test_zero3_on_cpu_compiles_nothing_and_finishes(tmp_path, monkeypatch):
     params_path = write_params(tmp_path, {"strategy": "deepspeed_stage_3", "accelerator": "cpu", "max_steps": 2})
     assert_trained(tmp_path, run_train(params_path), 2)
     assert not any(extensions.rglob("*.so")), sorted(extensions.rglob("*"))
+
+
+@pytest.mark.slow
+def test_zero3_with_the_optimizer_offloaded_trains(tmp_path):
+    """ZeRO-Offload refuses a torch optimizer (a ZeRORuntimeException traceback): offloading uses DeepSpeed's CPU Adam."""
+    make_artifacts(tmp_path)
+    params_path = write_params(tmp_path, {"strategy": "deepspeed_stage_3", "accelerator": "cpu", "max_steps": 2,
+                                          "offload_optimizer": True})
+    assert_trained(tmp_path, run_train(params_path, timeout=400), 2)
