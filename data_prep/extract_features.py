@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import shutil
 import time
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import torch
+from torch import Tensor
 from transformers import AutoConfig
 
 from data_prep.corpus import SPLITS, corpus_hash, load_corpus
@@ -40,7 +43,7 @@ from pipeline.config.stage_params import StageParams
 from pipeline.config.train_config import TrainConfig
 from pipeline.config.verifier_config import VerifierConfig
 from pipeline.drafters.registry import KIND_SPECS
-from pipeline.errors import DraftlineError
+from pipeline.errors import DraftlineError, describe_os_error, os_error_behind
 from pipeline.features.store import (
     FORMAT_VERSION,
     INDEX_NAME,
@@ -199,8 +202,8 @@ def extract(shards: list[Shard], rows: dict[str, list[tuple[list[int], int]]], l
             result.seconds += time.perf_counter() - begin
             metadata = {**fingerprint, **shard_fingerprint(shard), "engine": json.dumps(result.engine, sort_keys=True)}
             sha_path(path).unlink(missing_ok=True)  # a shard is finished only once its sha is beside it
-            sha = write_shard(path, shard_rows, {layer: [row[layer] for row in states] for layer in layers},
-                              config.dtype, metadata)
+            sha = write_shard_or_say_why(path, shard_rows, {layer: [row[layer] for row in states] for layer in layers},
+                                         config.dtype, metadata)
             write_text_atomic(sha_path(path), f"{sha}  {shard.name}\n")  # the `sha256sum -c` format
             result.shas[shard.name] = sha
             result.written += 1
@@ -209,6 +212,24 @@ def extract(shards: list[Shard], rows: dict[str, list[tuple[list[int], int]]], l
             bar.set_postfix(tokens=result.tokens_extracted)
     bar.close()
     return result
+
+
+def write_shard_or_say_why(path: Path, rows: list[tuple[list[int], int]], layers: dict[int, list[Tensor]],
+                           dtype: str, metadata: dict[str, str]) -> str:
+    """`write_shard`, except that a failed write leaves no partial file of the shard, and a full disk (which
+    safetensors reports as its own error type, "... (os error 28)") is one line naming the shard's path, what is
+    free there and at least what the shard needed (its hidden states). Finished shards stay: a rerun extracts only the rest."""
+    try:
+        return write_shard(path, rows, layers, dtype, metadata)
+    except BaseException as error:
+        for partial in path.parent.glob(f"{path.name}.*"):  # the writer's temporary `<shard>.partial`
+            partial.unlink(missing_ok=True)
+        behind = os_error_behind(error, path) if isinstance(error, Exception) else None
+        if behind is None or behind.errno != errno.ENOSPC:
+            raise
+        itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+        needed = sum(state.numel() for states in layers.values() for state in states) * itemsize
+        raise DraftlineError(describe_os_error(behind, needed=needed)) from None
 
 
 def shard_fingerprint(shard: Shard) -> dict[str, str]:

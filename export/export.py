@@ -30,7 +30,12 @@ from pipeline.drafters.kinds import KINDS
 from pipeline.drafters.onnx_io import MANIFEST_NAME, ParityReport, export_onnx, ort_session, run_session
 from pipeline.drafters.onnx_spec import with_float_dtype
 from pipeline.errors import DraftlineError
-from pipeline.integrity import check_drafter_matches_verifier, check_same_tokenizer, load_tokenizer
+from pipeline.integrity import (
+    check_drafter_matches_verifier,
+    check_same_tokenizer,
+    load_tokenizer,
+    refuse_non_finite_weights,
+)
 from pipeline.lineage import git_commit, library_versions, model_identity, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
@@ -119,6 +124,8 @@ def export_kind(kind: DrafterKind, params: ExportParams, paths: ArtifactPaths, v
     target = paths.export(kind.name)
     check_drafter_matches_verifier(drafter_dir, verifier.config, f"{kind.name} drafter at {drafter_dir}",
                                    f"retrain it (`dvc repro train_{kind.name}`)")
+    refuse_non_finite_weights(drafter_dir, f"{kind.name} drafter at {drafter_dir}",
+                              f"retrain it (`dvc repro train_{kind.name}`)")
     with atomic_dir(target) as out:
         serving_dir = out / launch_files.SERVING_DIR
         export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), verifier_tok, paths.root)

@@ -13,13 +13,15 @@ import importlib.metadata
 import math
 import os
 import signal
+import socket
 import sys
 import threading
+import time
 from typing import Callable, Iterator, Sequence
 
 from pipeline.config.base import DEFAULT_PARAMS_PATH, DRAFTER_NAMES
 from pipeline.config.loader import Schema, load_params
-from pipeline.errors import DraftlineError, Terminated, describe_os_error
+from pipeline.errors import DraftlineError, Terminated, describe_os_error, os_error_behind
 from pipeline.process_tree import descendants, die_with_parent, end_started, set_subreaper
 
 # subcommand -> (module with main(argv), one-line description)
@@ -89,6 +91,34 @@ def _force_exit(signum: int, before: set[int]) -> None:
     os._exit(128 + signum)
 
 
+SIGTERM_GRACE_S = 10.0
+
+
+def _end_if_stuck(wakeups: socket.socket, received: list[int], before: set[int]) -> None:
+    """Python runs a signal's handler only between bytecodes of the main thread, so a stage blocked in C++ (a
+    torch.distributed rendezvous or collective waiting for a peer that never comes) never sees the signal, and
+    `timeout`/`kill` could not end it. The C-level handler also writes the signal's number to the wakeup socket:
+    this thread reads it, and when the Python handler has still not run SIGTERM_GRACE_S later (nothing in
+    `received`), ends the stage with the line and exit code an unwound one gives. A stage that did see the signal
+    is unwinding: `_force_exit`'s longer timer covers it."""
+    while True:
+        try:
+            data = wakeups.recv(64)
+        except OSError:
+            return
+        if not data:  # the stage ended: its end of the pair was closed
+            return
+        for signum in data:
+            if signum in TERMINATING:
+                time.sleep(SIGTERM_GRACE_S)
+                if not received:
+                    with contextlib.suppress(OSError):
+                        print(f"draftline: terminated ({signal.Signals(signum).name})", file=sys.stderr, flush=True)
+                    end_started(before)
+                    os._exit(128 + signum)
+                return
+
+
 @contextlib.contextmanager
 def _stage_process(received: list[int]) -> Iterator[None]:
     """The stage and what it starts end together (pipeline/process_tree.py). `received` collects the
@@ -106,7 +136,8 @@ def _stage_process(received: list[int]) -> Iterator[None]:
     rather than a watchdog polling os.getppid(): the kernel signals at once, even when DVC is SIGKILLed, and
     no thread has to poll in every stage. DVC runs the command through `$SHELL -c`, which execs a single
     command, so the parent is DVC itself. Only under DVC: a stage started by hand (`nohup draftline train &`)
-    must outlive the shell that started it."""
+    must outlive the shell that started it. A stage blocked in C++, where no Python handler runs, still ends
+    SIGTERM_GRACE_S after a SIGTERM (`_end_if_stuck`)."""
     if "DVC_STAGE" in os.environ:
         die_with_parent()
     before = descendants()
@@ -122,15 +153,26 @@ def _stage_process(received: list[int]) -> Iterator[None]:
             armed[0].start()
         raise Terminated(signum)
 
-    if threading.current_thread() is threading.main_thread():  # signals are handled on the main thread only
+    on_main = threading.current_thread() is threading.main_thread()  # signals are handled on the main thread only
+    if on_main:
         for signum in TERMINATING:
             if signal.getsignal(signum) is not signal.SIG_IGN:
                 previous[signum] = signal.signal(signum, terminate)
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)  # set_wakeup_fd needs it: the C handler must never block
+        previous_wakeup = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        watchdog = threading.Thread(target=_end_if_stuck, args=(reader, received, before), name="signal-watchdog",
+                                    daemon=True)
+        watchdog.start()
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if on_main:
+            signal.set_wakeup_fd(previous_wakeup)
+            writer.close()  # the watchdog reads end-of-file and returns
+            reader.close()
         end_started(before)
         set_subreaper(was_subreaper)
         # an armed timer stays armed: after a signal the process is on its way out, and exit itself can hang
@@ -173,6 +215,12 @@ def run_stage(
         with contextlib.suppress(OSError):
             _flush_stdout()
         return report_error(DraftlineError(describe_os_error(error)))
+    except Exception as error:
+        # a library that wraps the OS's error in its own type (safetensors, torch's C++ writers): the same one line
+        behind = os_error_behind(error)
+        if behind is None:
+            raise
+        return report_error(DraftlineError(describe_os_error(behind, unnamed="an output of this stage")))
     except KeyboardInterrupt as interrupt:
         from pipeline.progress import close_progress_bars
 

@@ -7,7 +7,9 @@ import json
 import pickle
 import re
 from pathlib import Path
+from typing import Iterable
 
+import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -208,3 +210,21 @@ def require_checkpoint(path: Path, kind: str) -> None:
     if not (path / "config.json").exists():
         raise DraftlineError(f"drafter '{kind}' not found at {path}; run `dvc repro train_{kind}` "
                              f"(or remove '{kind}' from the drafters listed in params.yaml)")
+
+
+def non_finite(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the floating-point tensors holding NaN or Inf: weights no training should save or export."""
+    return [name for name, tensor in tensors
+            if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all())]
+
+
+def refuse_non_finite_weights(directory: Path, what: str, fix: str) -> None:
+    """A checkpoint whose safetensors hold NaN/Inf loads and serves garbage without an error: refused, naming
+    the tensors (read one at a time, so a big checkpoint is never all in memory)."""
+    bad: list[str] = []
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            bad += non_finite((name, handle.get_tensor(name)) for name in handle.keys())
+    if bad:
+        shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+        raise DraftlineError(f"{what} holds non-finite weights (NaN/Inf in {shown}); {fix}")

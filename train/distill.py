@@ -31,12 +31,14 @@ from pipeline.training.frozen import FrozenVerifier, VerifierSource
 from pipeline.training.params import TrainParams
 from pipeline.training.verifier_head import load_verifier_head
 from pipeline.verifier_record import verifier_identity
+from train.launch import join_launch
 from train.trainer import (
     build_trainer,
     flatten,
     full_state_dict,
     is_rank_zero,
     make_mlflow_logger,
+    refuse_non_finite,
     resume_checkpoint,
     save_drafter_atomic,
     single_writer,
@@ -75,6 +77,7 @@ def load_teacher(params: TrainParams, kind: str, paths: ArtifactPaths, identity:
 def distill(params: TrainParams, kind: str) -> dict | None:
     """Train and save drafter `kind`; returns training.json's content on rank 0 (None elsewhere)."""
     started = time.perf_counter()
+    join_launch(getattr(params.train, kind).trainer, f"train.{kind}")  # a launch that cannot be right: one line, now
     checked_tracking_uri(params.tracking)  # before minutes of loading and training, not after
     paths = ArtifactPaths.from_params(params)
     identity, data_hash = verifier_identity(paths), corpus_hash(paths)
@@ -91,7 +94,8 @@ def distill(params: TrainParams, kind: str) -> dict | None:
             info(f"resuming from {resume}")
         logger = make_mlflow_logger(params, kind, paths.checkpoints(kind))
         module = recipe.make_module()
-        trainer = build_trainer(recipe.trainer_config, checkpoint_dir=paths.checkpoints(kind), logger=logger)
+        trainer = build_trainer(recipe.trainer_config, checkpoint_dir=paths.checkpoints(kind), logger=logger,
+                                stage=f"train.{kind}")
         fit_started = time.perf_counter()
         try:
             # The checkpoint dir may hold files this run did not write: unpickle them weights-only.
@@ -110,6 +114,7 @@ def distill(params: TrainParams, kind: str) -> dict | None:
         tokens = int(trainer.strategy.reduce(torch.tensor(float(module.tokens_seen)), reduce_op="sum").item())
         if not is_rank_zero():
             return None
+        refuse_non_finite(state, f"train.{kind}", "after training", "the drafter was not saved")
 
         # A fresh copy from the gathered weights: under ZeRO the trained module's tensors are partitioned.
         final = type(recipe.drafter)(recipe.drafter.config)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from unittest import mock
 
 import torch
 from lightning.fabric.utilities.seed import reset_seed
@@ -81,7 +82,12 @@ class CPUDeepSpeedStrategy(WeightsOnlyDeepSpeedStrategy):
         # Skip the device-index validation: CPU "devices" carry no index.
         reset_seed()
         self.set_world_ranks()
-        self._init_deepspeed_distributed()
+        # DeepSpeed's CPU backend JIT-compiles a C++ shared-memory op when it starts (measured: ~150 s on 2 cores
+        # the first time on a machine, then cached) that only `inference_all_reduce` uses; training never
+        # calls it, so it is not built. (`deepspeed.comm.torch` as an attribute is the torch module: import by name.)
+        backend = importlib.import_module("deepspeed.comm.torch")
+        with mock.patch.object(backend, "build_shm_op", lambda: None):
+            self._init_deepspeed_distributed()
 
     @property
     def root_device(self) -> torch.device:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic import AfterValidator, Field, StrictBool, field_validator, model_validator
 
 from pipeline.config.section import Section
 
@@ -16,10 +16,33 @@ VerifierFeatures = Annotated[Literal["offline", "online"], Field(
 )]
 
 
+
+
+def at_most(limit: float, reason: str) -> AfterValidator:
+    """An upper bound whose error says why it is there: pydantic's own `le` only says "less than or equal", and a
+    value far past any sensible one (`feature_noise: 1e30`) trains garbage without a word."""
+    def check(value: float | None) -> float | None:
+        if value is not None and value > limit:
+            raise ValueError(f"at most {limit:g}: {reason}")
+        return value
+    return AfterValidator(check)
+
+
+# Every kind's distillation temperature (`train.<kind>.loss.temperature`).
+DistillTemperature = Annotated[float, Field(gt=0), at_most(
+    10, "the verifier's distribution softened that far is nearly uniform, so the drafter learns next to nothing "
+    "from it (distillation uses 1-2)")]
+
+
 class TrainerConfig(Section):
     strategy: Literal["auto", "ddp", "deepspeed_stage_2", "deepspeed_stage_3"] = "auto"
     devices: int | Literal["auto"] = 1
     num_nodes: int = Field(1, ge=1)
+    rendezvous_timeout_s: float = Field(
+        30, gt=0, le=3600, description="how long a multi-process launch waits for every process to join, first thing "
+        "in training (before any loading, so launchers that start every process at once meet within seconds); "
+        "then one line naming who is missing",
+    )
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
     offload_optimizer: StrictBool = False
@@ -36,7 +59,9 @@ class TrainerConfig(Section):
         "(pipeline/training/muon.py); not with deepspeed_stage_* strategies, which hand Muon flattened shards",
     )
     learning_rate: float = Field(2e-3, gt=0, lt=1)
-    weight_decay: float = Field(0.01, ge=0)
+    weight_decay: Annotated[float, at_most(
+        1, "AdamW shrinks every weight by learning_rate x weight_decay each step, so above 1 the decay, not the "
+        "loss, sets the weights (usual: 0-0.1)")] = Field(0.01, ge=0)
     warmup_steps: int = Field(20, ge=0)
     lr_schedule: Literal["cosine", "linear"] = Field(
         "cosine", description="after the linear warm-up: cosine to 10% of the peak at max_steps, or linear to 0",
@@ -74,7 +99,7 @@ class LossConfig(Section):
     rkl: float = Field(0.0, ge=0)
     tvd: float = Field(0.0, ge=0)
     jsd: float = Field(0.0, ge=0)
-    temperature: float = Field(1.0, gt=0)
+    temperature: DistillTemperature = 1.0
 
     @model_validator(mode="after")
     def _some_weight(self) -> "LossConfig":

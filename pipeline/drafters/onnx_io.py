@@ -6,7 +6,6 @@ The tensors' names and shapes come from the kind's `IOSpec` (`onnx_spec.py`).
 
 from __future__ import annotations
 
-import errno
 import json
 import tempfile
 import warnings
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 
 from pipeline.drafters.onnx_spec import IOSpec, TensorSpec
-from pipeline.errors import DraftlineError, describe_os_error
+from pipeline.errors import DraftlineError, describe_os_error, os_error_behind
 from pipeline.integrity import verify_manifest
 
 ONNX_NAME = "model.onnx"
@@ -66,20 +65,6 @@ def _drop_stack_traces(model: onnx.ModelProto) -> None:
         node.metadata_props.extend(kept)
 
 
-def _disk_error(error: BaseException, out_dir: Path) -> OSError | None:
-    """The OSError behind an exporter's wrapped error (dynamo re-raises its own type), or one rebuilt from a
-    C++ writer's 'No space left on device' message."""
-    walked: set[int] = set()
-    while error is not None and id(error) not in walked:
-        walked.add(id(error))
-        if isinstance(error, OSError):
-            return error
-        if "No space left on device" in str(error):
-            return OSError(errno.ENOSPC, "No space left on device", str(out_dir))
-        error = error.__cause__ or error.__context__
-    return None
-
-
 def export_onnx(wrapper: nn.Module, spec: IOSpec, example: dict, out_dir: Path,
                 opset: int, exporter: Exporter = "dynamo") -> Path:
     """Export `wrapper` to `out_dir/model.onnx` (+ `model.onnx.data`), then run `onnx.checker`."""
@@ -100,7 +85,7 @@ def export_onnx(wrapper: nn.Module, spec: IOSpec, example: dict, out_dir: Path,
                                       output_names=spec.output_names, opset_version=opset,
                                       dynamic_axes=_dynamic_axes(spec), dynamo=False)
             except Exception as error:  # the exporters raise many types; the first line is the useful part
-                disk = _disk_error(error, out_dir)
+                disk = os_error_behind(error, out_dir)
                 if disk is not None:  # the disk, not the exporter: the other exporter would fail alike
                     raise DraftlineError(describe_os_error(disk)) from None
                 first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -3,6 +3,7 @@ a damaged shard is redone, `--part` copies merge into the single run's bytes; ba
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from pathlib import Path
@@ -10,10 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors import SafetensorError
 
 from data_prep import extract_features
 from data_prep.corpus import SPLITS, corpus_hash, load_corpus
 from pipeline.drafters.registry import KIND_SPECS
+from pipeline.features import store
 from pipeline.features.store import INDEX_NAME, FeatureStore
 from pipeline.paths import ArtifactPaths
 from pipeline.training.corpus_data import row_sequence
@@ -173,3 +176,22 @@ def test_each_kinds_feature_params_are_its_config_fields():
     """dvc.yaml reruns extract_features on exactly these keys (pipeline/dvc_pipeline.py: feature_params)."""
     for spec in KIND_SPECS.values():
         assert set(spec.feature_params) <= set(spec.config.model_fields), spec.name
+
+
+@pytest.mark.parametrize("failure", [
+    SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),  # what it raises
+    OSError(errno.ENOSPC, "No space left on device"),  # a writer that names no file
+])
+def test_a_full_disk_is_one_line_naming_the_shard_and_leaves_no_partial_file(workspace, capsys, monkeypatch,
+                                                                              failure):
+    def full_disk(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 100)  # what a write cut short leaves
+        raise failure
+
+    monkeypatch.setattr(store, "save_file", full_disk)
+    assert run(workspace) == 1
+    features = workspace / "artifacts" / "features"
+    line = one_line_error(capsys)
+    assert f"no space left on the disk holding {features / 'train-00000.safetensors'} (No space left on device; " in line
+    assert " free there; the write needed at least " in line and "iB" in line
+    assert sorted(path.name for path in features.iterdir() if not path.name.endswith(".log")) == []

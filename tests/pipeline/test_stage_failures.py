@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors import SafetensorError
 
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.stage_params import StageParams
@@ -148,3 +149,12 @@ def test_a_stage_dies_with_the_dvc_that_started_it(params, under_dvc):
     finally:
         if not under_dvc:
             os.kill(stage_pid, signal.SIGKILL)
+
+
+def test_a_full_disk_behind_a_librarys_own_error_is_one_line(params, capsys):
+    """safetensors reports a full disk as its own error type, in words: still the full-disk line, no traceback."""
+    def run(p, a):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    code, err = _stage(params, run, capsys)
+    assert code == 1 and err == ("draftline: error: no space left on the disk holding an output of this stage (No "
+                                 "space left on device); free space there (`df -h`) and rerun")

@@ -44,3 +44,24 @@ def test_deepspeed_two_processes_on_cpu(tmp_path, strategy):
     resumed = run_train(params_path)
     assert "resuming from" in resumed.stderr and "Restored all states" in resumed.stderr
     assert assert_trained(tmp_path, resumed, steps)["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_zero3_on_cpu_compiles_nothing_and_finishes(tmp_path, monkeypatch):
+    """ZeRO-3 on CPU, 2 steps, from a cold extension cache: DeepSpeed used to JIT-compile its shared-memory op
+    (~150 s on 2 cores, which only inference uses) before the first step; now nothing is compiled."""
+    make_artifacts(tmp_path)
+    extensions = tmp_path / "torch_extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+    params_path = write_params(tmp_path, {"strategy": "deepspeed_stage_3", "accelerator": "cpu", "max_steps": 2})
+    assert_trained(tmp_path, run_train(params_path), 2)
+    assert not any(extensions.rglob("*.so")), sorted(extensions.rglob("*"))
+
+
+@pytest.mark.slow
+def test_zero3_with_the_optimizer_offloaded_trains(tmp_path):
+    """ZeRO-Offload refuses a torch optimizer (a ZeRORuntimeException traceback): offloading uses DeepSpeed's CPU Adam."""
+    make_artifacts(tmp_path)
+    params_path = write_params(tmp_path, {"strategy": "deepspeed_stage_3", "accelerator": "cpu", "max_steps": 2,
+                                          "offload_optimizer": True})
+    assert_trained(tmp_path, run_train(params_path, timeout=400), 2)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field, PositiveInt, StrictBool, model_validator
 
 from pipeline.config.section import Section, cross_check
-from pipeline.config.trainer_config import TrainerConfig, VerifierFeatures
+from pipeline.config.trainer_config import DistillTemperature, TrainerConfig, VerifierFeatures, at_most
 from pipeline.errors import DraftlineError
 
 
@@ -33,7 +33,7 @@ class BlockLossConfig(Section):
         True, description="position k >= 2 counts only where the response follows the verifier's argmax from the "
         "anchor up to k−1 (the chain greedy drafting continues); otherwise its label sits on a sampled detour",
     )
-    temperature: float = Field(1.0, gt=0)
+    temperature: DistillTemperature = 1.0
     position_weights: Literal["exponential", "dpace"] = Field(
         "dpace", description="dpace: with Muon on the demo (2 seeds, 156 prompts) greedy tau code 2.86 -> 3.01, text "
         "4.05 -> 4.21 over exponential, at T=0.8 code 1.59 -> 1.53, text 1.57 -> 1.54 (the greedy gain is 3-6x the "
@@ -92,7 +92,9 @@ class BlockDrafterConfig(Section):
         True, description="training also anchors blocks at prompt positions (from 1; labels past position 1 only "
         "where the prompt follows the verifier's argmax, with greedy_chain): more blocks from a small corpus",
     )
-    feature_noise: float = Field(
+    feature_noise: Annotated[float, at_most(
+        1, "uniform noise that wide drowns the verifier's hidden states the drafter reads, so it trains on noise "
+        "(the peer's DFlash recipe uses 0.05)")] = Field(
         0.0, ge=0, description="training only: uniform noise in [-w, w] added to the verifier's target-layer hidden "
         "states before the drafter reads them (the peer's DFlash recipe uses 0.05)",
     )

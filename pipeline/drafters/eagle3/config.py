@@ -7,7 +7,7 @@ from typing import Optional
 from pydantic import Field, StrictBool, field_validator, model_validator
 
 from pipeline.config.section import Section, unique
-from pipeline.config.trainer_config import TrainerConfig, VerifierFeatures
+from pipeline.config.trainer_config import DistillTemperature, TrainerConfig, VerifierFeatures
 from pipeline.errors import DraftlineError
 
 
@@ -21,7 +21,7 @@ class Eagle3LossConfig(Section):
 
     ce: float = Field(0.0, ge=0)
     fkl: float = Field(1.0, ge=0)
-    temperature: float = Field(1.0, gt=0)
+    temperature: DistillTemperature = 1.0
     decay: float = Field(0.8, gt=0, le=1)
 
     @model_validator(mode="after")
