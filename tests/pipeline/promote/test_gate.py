@@ -12,7 +12,8 @@ CONFIG = PromoteConfig(
     gates={"code": DomainGate(min_tau=1.2, min_speedup=1.0), "text": DomainGate(min_tau=1.1, min_speedup=0.0)},
 )
 GREEDY = ["0.0"]
-GOOD = {"lossless": 1.0, "mismatches": 0.0, "T0.0/code/tau": 2.0, "T0.0/code/speedup": 1.4, "T0.0/text/tau": 1.8, "T0.0/text/speedup": 1.2}
+GOOD = {"lossless": 1.0, "mismatches": 0.0, "T0.0/code/tau": 2.0, "T0.0/code/speedup": 1.4,
+        "T0.0/text/tau": 1.8, "T0.0/text/speedup": 1.2}
 
 
 def failing(decision: GateDecision) -> set[tuple[str, str]]:
@@ -54,9 +55,10 @@ def test_missing_domain_never_promotes():
 
 def test_domain_without_a_gate_gets_the_default_gate():
     config = PromoteConfig(default_gate=DomainGate(min_tau=2.5, min_speedup=0.0))
-    decision = decide({"lossless": 1.0, "mismatches": 0.0, "T0.0/stories/tau": 2.0, "T0.0/stories/speedup": 0.9}, config, GREEDY)
+    stories = {"lossless": 1.0, "mismatches": 0.0, "T0.0/stories/tau": 2.0, "T0.0/stories/speedup": 0.9}
+    decision = decide(stories, config, GREEDY)
     assert not decision.promote and failing(decision) == {("floor", "T0.0/stories/tau")}
-    assert decide({"lossless": 1.0, "mismatches": 0.0, "T0.0/stories/tau": 3.0, "T0.0/stories/speedup": 0.9}, config, GREEDY).promote
+    assert decide({**stories, "T0.0/stories/tau": 3.0}, config, GREEDY).promote
 
 
 def test_no_evaluated_domain_never_promotes():
