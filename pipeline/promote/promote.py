@@ -3,15 +3,16 @@
 For each drafter in `metrics/eval.json`: one MLflow run (child of its training run when that run is
 in the same experiment) holding the evaluation metrics, inputs and the serving checkpoint as a logged
 model, registered as a new version of `<prefix>-<verifier id>-<kind>`. The gate decides whether the
-`champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint identity), so rerunning on
-the same evaluation finds the version it registered before and changes nothing, unless the gate itself
-(`promote` thresholds and temperatures) or the evidence bound to it changed: then that version is gated again. A checkpoint
-already registered with other metrics is not registered again: its metric tags are replaced by the new
-evidence (eval.json numbers, serve_check's τ) and it is gated on them, so new evidence against a
-champion demotes it (the previous champion is restored, the reason tagged). A registered model of the
-same name that draftline did not create is refused unless `--adopt-foreign-model` is given. A new
-verifier means a new registered model: its first promotion names the previous verifier's champion,
-which it is not compared against.
+`champion` alias moves to it, and its verdict is kept per temperature and domain (the floors hold at each
+temperature of `promote.temperatures`, default every one evaluate runs). Keyed by (eval.json hash, kind,
+checkpoint identity), so rerunning on the same evaluation finds the version it registered before and changes
+nothing, unless the gate itself (`promote` thresholds and temperatures) or the evidence bound to it changed:
+then that version is gated again. A checkpoint already registered with other metrics is not registered
+again: its metric tags are replaced by the new evidence (eval.json numbers, serve_check's τ) and it is
+gated on them, so new evidence against a champion demotes it (the previous champion is restored, the
+reason tagged). A registered model of the same name that draftline did not create is refused unless
+`--adopt-foreign-model` is given. A new verifier means a new registered model: its first promotion names
+the previous verifier's champion, which it is not compared against.
 Metrics are bound to artifacts: eval.json and serving.json record the identities of the drafter, export
 and verifier they measured, and a drafter whose files differ now is refused before registration.
 With `serve_check.required` (the default) a drafter whose stage `serve_check` did not pass (it did not
@@ -333,8 +334,9 @@ def _register(registry: Registry, params: PromoteParams, paths: ArtifactPaths, e
         version = registry.create_version(
             name, model, run_id, {**tags, **evidence_tags(paths, evaluation, kind)},
             description=f"{kind} drafter for verifier {evaluation.verifier_id}, evaluated at "
-            f"T={', '.join(drafter_eval.get('by_temperature', {})) or '-'} (eval.json {evaluation.sha256[:12]}), checkpoint from "
-            f"{source}; the gate's verdict per temperature and domain: tags {VERDICT_TAG_PREFIX}T<temperature>/<domain>",
+            f"T={', '.join(drafter_eval.get('by_temperature', {})) or '-'} (eval.json {evaluation.sha256[:12]}), "
+            f"checkpoint from {source}; the gate's verdict per temperature and domain: the tags "
+            f"{VERDICT_TAG_PREFIX}T<temperature>/<domain>",
         )
     except BaseException:
         registry.client.set_terminated(run_id, status="FAILED")
