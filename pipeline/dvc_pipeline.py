@@ -154,6 +154,7 @@ def stages(offline: Collection[str] = ()) -> dict[str, dict]:
                      f"{ARTIFACTS}/verifier", *drafter_dirs()],
             "params": [
                 "promote", "tracking",
+                "evaluate.temperatures",  # the gate's temperatures when promote.temperatures is unset
                 # the pass a serving.json records is rederived from its numbers, not trusted
                 "serve_check.required", "serve_check.max_tau_gap", "serve_check.max_batch_tau_gap",
                 "serve_check.sampled_z", "serve_check.gate_sampled",

@@ -2,6 +2,8 @@
 
 Bars are tqdm, like Lightning's training bars; tables and messages are rich. In a log file (stderr not a
 terminal) a bar writes one line per `LOG_INTERVAL_S` instead of redrawing, so `make demo > log` stays short.
+Progress, summaries and messages go to stderr; what a command was asked to print (`registry list`, the text
+`generate` writes) is data and goes to stdout (`print_data`), so `| grep` and `> file` get it.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Iterable, Mapping, TypeVar
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 from tqdm.auto import tqdm
 
@@ -46,6 +48,14 @@ def print_summary(title: str, rows: Mapping[str, object]) -> None:
     for key, value in rows.items():
         table.add_row(str(key), f"{value:.4g}" if isinstance(value, float) else str(value))
     console.print(table)
+
+
+def print_data(renderable: RenderableType, soft_wrap: bool = False) -> None:
+    """To stdout, never cut: a table at its full width (names are what a user copies, and a pipe would
+    get 80 columns), text unwrapped with `soft_wrap`."""
+    stdout = Console(highlight=False)
+    wanted = stdout.measure(renderable, options=stdout.options.update_width(10_000)).maximum
+    Console(highlight=False, width=max(stdout.width, wanted)).print(renderable, soft_wrap=soft_wrap)
 
 
 def info(message: str) -> None:

@@ -20,7 +20,7 @@ import torch
 
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config.evaluate_config import EvaluateConfig
+from pipeline.config.evaluate_config import EvaluateConfig, temperature_key
 from pipeline.config.sampling_config import SamplingConfig
 from pipeline.config.stage_params import StageParams
 from pipeline.config.verifier_config import VerifierConfig
@@ -39,10 +39,6 @@ from serve_eval.plots import write_plots
 class EvaluateParams(StageParams):
     verifier: VerifierConfig = VerifierConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
-
-
-def temperature_key(temperature: float) -> str:
-    return str(float(temperature))
 
 
 def evaluate_cell(verifier, proposer: Proposer, prompts: list[list[int]], sampling: SamplingConfig, *,

@@ -16,7 +16,7 @@ from pipeline.drafters.speculative_loop import decode
 from pipeline.errors import DraftlineError
 from pipeline.integrity import stop_token_ids
 from pipeline.paths import ArtifactPaths
-from pipeline.progress import console, print_summary
+from pipeline.progress import console, print_data, print_summary
 from serve_eval.evaluate import EvaluateParams
 from serve_eval.loading import load_drafters, load_verifier_for_decoding
 
@@ -53,7 +53,7 @@ def run(params: EvaluateParams, args: argparse.Namespace) -> None:
                                                 top_p=params.evaluate.top_p),
                         eos_token_id=stop_token_ids(verifier.generation_config, tokenizer),
                         generator=torch.Generator().manual_seed(args.seed))
-    console.print(render(tokenizer, generation))
+    print_data(render(tokenizer, generation), soft_wrap=True)  # the text is the data: stdout; the rest is stderr
     console.print("[bold green]green[/] = accepted draft tokens; plain = verifier's correction/bonus token")
     for index, step in enumerate(generation.steps):
         console.print(f"step {index:3d}: drafted {step.drafted} accepted {step.accepted} committed {step.committed}"

@@ -11,6 +11,11 @@ from pipeline.config.base import DRAFTER_NAMES, DrafterName, Seed
 from pipeline.config.section import Section, unique
 
 
+def temperature_key(temperature: float) -> str:
+    """How a temperature names its results in `metrics/eval.json` (`by_temperature["0.8"]`) and the gate's metrics."""
+    return str(float(temperature))
+
+
 class EvaluateConfig(Section):
     drafters: list[DrafterName] = Field(default_factory=lambda: list(DRAFTER_NAMES), min_length=1)
     prompts_per_domain: int = Field(12, ge=1)

@@ -66,6 +66,7 @@ TAG_TRAIN_RUN = "draftline.train_run_id"
 TAG_GATE = "gate"  # promoted | rejected | forced
 TAG_GATE_REASONS = "gate.reasons"
 TAG_GATE_DECISION = "gate.decision"  # the full decision as JSON, so a rerun can report it unchanged
+VERDICT_TAG_PREFIX = "gate.verdict."  # + T<temperature>/<domain>: passed | undecided | rejected
 METRIC_TAG_PREFIX = "metric."
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -103,6 +104,22 @@ def metrics_from_tags(tags: Mapping[str, str]) -> dict[str, float]:
             except ValueError:
                 metrics[key.removeprefix(METRIC_TAG_PREFIX)] = math.nan
     return metrics
+
+
+def verdict_tags(verdicts: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """The gate's verdict per temperature and domain as tags (on the version and its evaluation run)."""
+    return {f"{VERDICT_TAG_PREFIX}T{temperature}/{domain}": verdict
+            for temperature, by_domain in verdicts.items() for domain, verdict in by_domain.items()}
+
+
+def verdicts_from_tags(tags: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Inverse of `verdict_tags`: temperature -> domain -> verdict (empty for a version gated before them)."""
+    out: dict[str, dict[str, str]] = {}
+    for key, verdict in sorted(tags.items()):
+        cell, slash, domain = key.removeprefix(VERDICT_TAG_PREFIX).partition("/")
+        if key.startswith(VERDICT_TAG_PREFIX) and cell.startswith("T") and slash:
+            out.setdefault(cell[1:], {})[domain] = verdict
+    return out
 
 
 LOCK_TIMEOUT_S = 600.0
@@ -279,6 +296,22 @@ class Registry:
     def tag_version(self, name: str, version: str, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
             self.client.set_model_version_tag(name, str(version), key, value)
+
+    def replace_version_tags(self, version: ModelVersion, prefixes: tuple[str, ...], tags: Mapping[str, str]) -> None:
+        """`version`'s tags under `prefixes` become `tags`: those `tags` lacks are deleted."""
+        name, number = version.name, str(version.version)
+        for key in version.tags:
+            if key.startswith(prefixes) and key not in tags:
+                self.client.delete_model_version_tag(name, number, key)
+        self.tag_version(name, number, tags)
+
+    def replace_run_tags(self, run_id: str, prefix: str, tags: Mapping[str, str]) -> None:
+        """Sets `tags` on the run; its other tags under `prefix` are deleted."""
+        for key in self.client.get_run(run_id).data.tags:
+            if key.startswith(prefix) and key not in tags:
+                self.client.delete_tag(run_id, key)
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, value)
 
     def set_champion(self, name: str, version: str) -> str | None:
         """Move `champion` to `version`; the version it leaves keeps `previous_champion`.

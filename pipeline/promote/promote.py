@@ -3,15 +3,16 @@
 For each drafter in `metrics/eval.json`: one MLflow run (child of its training run when that run is
 in the same experiment) holding the evaluation metrics, inputs and the serving checkpoint as a logged
 model, registered as a new version of `<prefix>-<verifier id>-<kind>`. The gate decides whether the
-`champion` alias moves to it. Keyed by (eval.json hash, kind, checkpoint identity), so rerunning on
-the same evaluation finds the version it registered before and changes nothing, unless the gate itself
-(`promote` thresholds) or the evidence bound to it changed: then that version is gated again. A checkpoint
-already registered with other metrics is not registered again: its metric tags are replaced by the new
-evidence (eval.json numbers, serve_check's τ) and it is gated on them, so new evidence against a
-champion demotes it (the previous champion is restored, the reason tagged). A registered model of the
-same name that draftline did not create is refused unless `--adopt-foreign-model` is given. A new
-verifier means a new registered model: its first promotion names the previous verifier's champion,
-which it is not compared against.
+`champion` alias moves to it, and its verdict is kept per temperature and domain (the floors hold at each
+temperature of `promote.temperatures`, default every one evaluate runs). Keyed by (eval.json hash, kind,
+checkpoint identity), so rerunning on the same evaluation finds the version it registered before and changes
+nothing, unless the gate itself (`promote` thresholds and temperatures) or the evidence bound to it changed:
+then that version is gated again. A checkpoint already registered with other metrics is not registered
+again: its metric tags are replaced by the new evidence (eval.json numbers, serve_check's τ) and it is
+gated on them, so new evidence against a champion demotes it (the previous champion is restored, the
+reason tagged). A registered model of the same name that draftline did not create is refused unless
+`--adopt-foreign-model` is given. A new verifier means a new registered model: its first promotion names
+the previous verifier's champion, which it is not compared against.
 Metrics are bound to artifacts: eval.json and serving.json record the identities of the drafter, export
 and verifier they measured, and a drafter whose files differ now is refused before registration.
 With `serve_check.required` (the default) a drafter whose stage `serve_check` did not pass (it did not
@@ -38,6 +39,7 @@ from rich.table import Table
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.base import DRAFTER_NAMES
+from pipeline.config.evaluate_config import EvaluateConfig
 from pipeline.config.promote_config import PromoteConfig
 from pipeline.config.serve_check_config import ServeCheckConfig
 from pipeline.config.stage_params import StageParams
@@ -47,7 +49,7 @@ from pipeline.integrity import measured_artifacts, safetensors_shapes, verify_ma
 from pipeline.lineage import hash_file, library_versions, model_identity, read_json, version_tags
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console
-from pipeline.promote.gate import GATE_TEMPERATURE, GateDecision, decide, gate_metrics, is_finite
+from pipeline.promote.gate import GateDecision, decide, gate_metrics, is_finite, metric_key
 from pipeline.promote.model_registry import (
     ADOPT_FLAG,
     CHAMPION,
@@ -59,6 +61,7 @@ from pipeline.promote.model_registry import (
     TAG_GATE_REASONS,
     TAG_KIND,
     TAG_TRAIN_RUN,
+    VERDICT_TAG_PREFIX,
     ModelVersion,
     Registry,
     metric_tags,
@@ -67,6 +70,7 @@ from pipeline.promote.model_registry import (
     registered_model_name,
     registry_lock,
     tag_key,
+    verdict_tags,
 )
 from pipeline.serving_rule import domain_failures
 from pipeline.tracking import TAG_MODEL_IDENTITY, TAG_STAGE, checked_tracking_uri
@@ -77,11 +81,17 @@ class PromoteParams(StageParams):
     tracking: TrackingConfig = TrackingConfig()
     serve_check: ServeCheckConfig = ServeCheckConfig()
     promote: PromoteConfig = PromoteConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()  # its temperatures are the gate's when promote names none
+
+    @property
+    def gate_temperatures(self) -> list[str]:
+        return self.promote.gated_temperatures(self.evaluate.temperatures)
 
 DVC_LOCK = Path("dvc.lock")
-TAG_GATE_KEY = "gate.key"  # hash of the gate config (promote thresholds) the decision was made under
+TAG_GATE_KEY = "gate.key"  # hash of the gate (promote thresholds and temperatures) the decision was made under
 TAG_DEMOTED = "gate.demoted_reason"  # why a champion lost the alias on new evidence
 SERVE_CHECK_TAG_PREFIX = "serve_check."
+EVIDENCE_TAG_PREFIXES = (METRIC_TAG_PREFIX, SERVE_CHECK_TAG_PREFIX)  # what the gate decides on
 
 
 def _evaluation_entry(entry: object) -> bool:
@@ -225,23 +235,24 @@ def evidence_tags(paths: ArtifactPaths, evaluation: Evaluation, kind: str) -> di
 
 
 def recorded_evidence(tags: dict[str, str]) -> dict[str, str]:
-    return {key: value for key, value in tags.items() if key.startswith((METRIC_TAG_PREFIX, SERVE_CHECK_TAG_PREFIX))}
+    return {key: value for key, value in tags.items() if key.startswith(EVIDENCE_TAG_PREFIXES)}
 
 
 def run_metrics(drafter_eval: dict) -> dict[str, float | list[float]]:
-    """Every numeric evaluation value, keyed `T<temperature>/<domain>/<metric>`."""
+    """Every numeric evaluation value, keyed `T<temperature>/<domain>/<metric>` as the gate's metrics are."""
     metrics: dict[str, float | list[float]] = {"mismatches": drafter_eval.get("mismatches")}
     for temperature, by_domain in (drafter_eval.get("by_temperature") or {}).items():
         for domain, values in (by_domain or {}).items():
             for name, value in (values or {}).items():
-                metrics[f"T{temperature}/{domain}/{name}"] = value
+                metrics[metric_key(temperature, domain, name)] = value
     return metrics
 
 
 def gate_params(params: PromoteParams) -> dict[str, object]:
     config = params.promote
     out: dict[str, object] = {"gate.require_lossless": config.require_lossless,
-                              "gate.max_regression": config.max_regression}
+                              "gate.max_regression": config.max_regression,
+                              "gate.temperatures": ", ".join(params.gate_temperatures)}
     for domain, floors in [("default_gate", config.default_gate), *sorted(config.gates.items())]:
         out[f"gate.{domain}.min_tau"] = floors.min_tau
         out[f"gate.{domain}.min_speedup"] = floors.min_speedup
@@ -249,7 +260,8 @@ def gate_params(params: PromoteParams) -> dict[str, object]:
 
 
 def gate_key(params: PromoteParams) -> str:
-    """The gate that made a decision: a version's decision stands only while this is unchanged."""
+    """The gate that made a decision (floors and the temperatures they apply at): a version's decision
+    stands only while this is unchanged."""
     return hashlib.sha256(json.dumps(gate_params(params), sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -266,6 +278,7 @@ def _version_record(registry: Registry, name: str, version: str, decision: GateD
         "promoted": decision.promote,
         "reasons": decision.reasons,
         "undecided": decision.undecided,
+        "verdicts": decision.verdicts(),
         "comparisons": [comparison.to_dict() for comparison in decision.comparisons],
         "compared_with_champion": decision.champion_version,
         "champion_version": str(champion.version) if champion else None,
@@ -321,7 +334,9 @@ def _register(registry: Registry, params: PromoteParams, paths: ArtifactPaths, e
         version = registry.create_version(
             name, model, run_id, {**tags, **evidence_tags(paths, evaluation, kind)},
             description=f"{kind} drafter for verifier {evaluation.verifier_id}, evaluated at "
-            f"T={GATE_TEMPERATURE} (eval.json {evaluation.sha256[:12]}), checkpoint from {source}",
+            f"T={', '.join(drafter_eval.get('by_temperature', {})) or '-'} (eval.json {evaluation.sha256[:12]}), "
+            f"checkpoint from {source}; the gate's verdict per temperature and domain: the tags "
+            f"{VERDICT_TAG_PREFIX}T<temperature>/<domain>",
         )
     except BaseException:
         registry.client.set_terminated(run_id, status="FAILED")
@@ -338,7 +353,7 @@ def gate_version(registry: Registry, params: PromoteParams, name: str, version: 
     if is_champion:
         champion = None  # a version never regresses against itself
     decision = decide(
-        metrics_from_tags(candidate.tags), params.promote,
+        metrics_from_tags(candidate.tags), params.promote, params.gate_temperatures,
         metrics_from_tags(champion.tags) if champion else None,
         str(champion.version) if champion else None,
     )
@@ -353,8 +368,11 @@ def gate_version(registry: Registry, params: PromoteParams, name: str, version: 
     elif is_champion and decision.reasons:  # undecided is no evidence against it: it stays champion
         tags[TAG_DEMOTED] = demote(registry, name, version, "; ".join(decision.reasons))
     registry.tag_version(name, version, tags)
+    # a temperature dropped from the list leaves no verdict of an earlier gate behind
+    verdicts = verdict_tags(decision.verdicts())
+    registry.replace_version_tags(candidate, (VERDICT_TAG_PREFIX,), verdicts)
     if candidate.run_id:
-        registry.client.set_tag(candidate.run_id, TAG_GATE, decision.outcome)
+        registry.replace_run_tags(candidate.run_id, VERDICT_TAG_PREFIX, {TAG_GATE: decision.outcome, **verdicts})
     return decision
 
 
@@ -398,21 +416,21 @@ def other_verifier_champion(registry: Registry, params: PromoteParams, name: str
 
 def regate_reason(existing: ModelVersion, evidence: dict[str, str], params: PromoteParams) -> str | None:
     """Why a decided version is gated again: its evidence changed (even a forced one: the person decided
-    on the old evidence), or the thresholds did (a forced version is a person's decision: not then)."""
+    on the old evidence), or the gate did, its thresholds or temperatures (a forced version is a person's
+    decision: not then)."""
     if recorded_evidence(existing.tags) != evidence:
         return "new evaluation/serving evidence"
     if existing.tags.get(TAG_GATE_KEY) != gate_key(params) and existing.tags.get(TAG_GATE) != "forced":
-        return "promote thresholds changed"
+        return "promote thresholds or temperatures changed"
     return None
 
 
 def replace_evidence(registry: Registry, existing: ModelVersion, evidence: dict[str, str],
                      evaluation: Evaluation, eval_key: str) -> None:
     """The version's evidence tags become `evidence` (tags the new evidence lacks are deleted)."""
-    name, version = existing.name, str(existing.version)
-    for key in set(recorded_evidence(existing.tags)) - set(evidence):
-        registry.client.delete_model_version_tag(name, version, key)
-    registry.tag_version(name, version, {**evidence, TAG_EVAL_KEY: eval_key, "draftline.eval_sha256": evaluation.sha256})
+    registry.replace_version_tags(existing, EVIDENCE_TAG_PREFIXES, evidence)
+    registry.tag_version(existing.name, str(existing.version),
+                         {TAG_EVAL_KEY: eval_key, "draftline.eval_sha256": evaluation.sha256})
 
 
 def promote_drafter(registry: Registry, params: PromoteParams, paths: ArtifactPaths, evaluation: Evaluation,
@@ -589,6 +607,20 @@ def comparisons_table(title: str, comparisons: list[dict]) -> Table:
     return table
 
 
+VERDICT_STYLE = {"passed": "[green]passed[/]", "undecided": "[yellow]undecided[/]", "rejected": "[red]rejected[/]"}
+
+
+def verdicts_table(verdicts: dict[str, dict[str, str]]) -> Table:
+    """The gate's verdict per domain (rows) at each temperature (columns)."""
+    table = Table(title="verdict per temperature and domain", title_justify="left")
+    table.add_column("domain")
+    for temperature in verdicts:
+        table.add_column(f"T={temperature}")
+    for domain in sorted({domain for by_domain in verdicts.values() for domain in by_domain}):
+        table.add_row(domain, *(VERDICT_STYLE.get(by_domain.get(domain, "-"), "-") for by_domain in verdicts.values()))
+    return table
+
+
 def print_decision(kind: str, record: dict) -> None:
     verdict = ("[bold green]PROMOTED[/]" if record["promoted"] else "[bold red]REJECTED[/]" if record["reasons"]
                else "[bold yellow]UNDECIDED[/]")
@@ -596,6 +628,8 @@ def print_decision(kind: str, record: dict) -> None:
              else " (already registered: no change)" if record["already_registered"] else "")
     title = f"{kind}: {record['model_name']} v{record['version']} {verdict}{rerun}"
     console.print(comparisons_table(title, record["comparisons"]))
+    if record["verdicts"]:
+        console.print(verdicts_table(record["verdicts"]))
     for reason in record["reasons"]:
         console.print(f"  [red]x[/] {reason}")
     for reason in record.get("undecided", []):

@@ -1,5 +1,7 @@
 """`draftline registry list|show|promote`: inspect the drafter registry and promote by hand.
 
+`list` and `show` print data (stdout: `draftline registry list | grep block` works); messages go to stderr.
+
 `promote MODEL VERSION` runs the gate (current params) against the current champion; with
 `--force --reason TEXT` it skips the gate and records who forced it, when and why as version tags.
 MODEL is a registered model name or a drafter kind (any of pipeline/drafters/registry.py, resolved with the
@@ -16,14 +18,13 @@ import json
 import sys
 from typing import Sequence
 
-from rich.console import Console
 from rich.table import Table
 
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.base import DRAFTER_NAMES
 from pipeline.errors import DraftlineError
 from pipeline.paths import ArtifactPaths
-from pipeline.progress import console
+from pipeline.progress import console, print_data
 from pipeline.promote.model_registry import (
     ADOPT_FLAG,
     CHAMPION,
@@ -36,6 +37,7 @@ from pipeline.promote.model_registry import (
     mlflow_errors,
     registered_model_name,
     registry_lock,
+    verdicts_from_tags,
     version_number,
 )
 from pipeline.promote.promote import Evaluation, PromoteParams, comparisons_table, gate_version
@@ -63,22 +65,38 @@ def _aliases_of(registry: Registry, name: str, version: str) -> str:
     return ",".join(alias for alias, held_by in _aliases(registry, name).items() if held_by == str(version)) or "-"
 
 
+def temperature_verdict(by_domain: dict[str, str]) -> str:
+    """One temperature's verdict over its domains: `passed`, or the worst verdict and the domains that got it."""
+    for verdict in ("rejected", "undecided"):
+        domains = [domain for domain, got in sorted(by_domain.items()) if got == verdict]
+        if domains:
+            return f"{verdict}: {', '.join(domains)}"
+    return "passed"
+
+
 def list_models(registry: Registry, params: PromoteParams) -> None:
-    table = Table(title=f"registered drafters ({registry.uri})", title_justify="left")
-    for column in ("model", "versions", "champion", "previous_champion"):
-        table.add_column(column)
     models = registry.models(params.promote.model_name_prefix)
-    for model in models:
-        aliases = _aliases(registry, model.name)
-        table.add_row(model.name, str(len(registry.versions(model.name))),
-                      aliases.get(CHAMPION, "-"), aliases.get(PREVIOUS_CHAMPION, "-"))
     if not models:
         console.print(f"no registered drafters named '{params.promote.model_name_prefix}*' yet")
         return
-    # Names are what a user copies into `registry show/promote`: never cut to the console's width (80
-    # columns when stderr is not a terminal), the table grows past it instead.
-    wanted = console.measure(table, options=console.options.update_width(10_000)).maximum
-    Console(stderr=True, highlight=False, width=max(console.width, wanted)).print(table)
+    rows, temperatures = [], set()
+    for model in models:
+        versions = registry.versions(model.name)
+        latest = versions[-1] if versions else None
+        verdicts = verdicts_from_tags(latest.tags) if latest else {}
+        temperatures.update(verdicts)
+        aliases = _aliases(registry, model.name)
+        rows.append(([model.name, str(len(versions)), aliases.get(CHAMPION, "-"), aliases.get(PREVIOUS_CHAMPION, "-"),
+                      f"v{latest.version} {latest.tags.get(TAG_GATE, '-')}" if latest else "-"], verdicts))
+    table = Table(title=f"registered drafters ({registry.uri})", title_justify="left")
+    for column in ("model", "versions", "champion", "previous_champion", "latest"):
+        table.add_column(column)
+    columns = sorted(temperatures)
+    for temperature in columns:
+        table.add_column(f"latest at T={temperature}")
+    for cells, verdicts in rows:
+        table.add_row(*cells, *(temperature_verdict(verdicts[t]) if t in verdicts else "-" for t in columns))
+    print_data(table)
 
 
 def show_model(registry: Registry, name: str, version: str | None) -> None:
@@ -87,31 +105,31 @@ def show_model(registry: Registry, name: str, version: str | None) -> None:
         table = Table(title=f"{name} v{version} aliases: {_aliases_of(registry, name, version)}",
                       title_justify="left", show_header=False)
         table.add_column("tag", style="bold")
-        table.add_column("value", overflow="fold")
+        table.add_column("value")
         for key, value in sorted(model_version.tags.items()):
             if key != TAG_GATE_DECISION:
                 table.add_row(key, value)
-        console.print(table)
+        print_data(table)
         if TAG_GATE_DECISION in model_version.tags:
             decision = json.loads(model_version.tags[TAG_GATE_DECISION])
-            console.print(comparisons_table("gate comparisons", decision["comparisons"]))
+            print_data(comparisons_table("gate comparisons", decision["comparisons"]))
         return
     versions = registry.versions(name)
     if not versions:
         raise DraftlineError(f"no registered model '{name}'; see `draftline registry list`")
     table = Table(title=name, title_justify="left")
-    for column in ("version", "aliases", "gate", "source"):
-        table.add_column(column, no_wrap=True)
-    for column in ("metrics (T=0)", "reasons"):
-        table.add_column(column, overflow="fold")
+    for column in ("version", "aliases", "gate", "source", "verdict by temperature", "metrics", "reasons"):
+        table.add_column(column)
     for model_version in versions:
         metrics = metrics_from_tags(model_version.tags)
         shown = ", ".join(f"{key}={value:.3g}" for key, value in sorted(metrics.items())
-                          if key.endswith((".tau", ".speedup")))
+                          if key.endswith(("/tau", "/speedup")))
+        verdicts = "; ".join(f"T={temperature} {temperature_verdict(by_domain)}"
+                             for temperature, by_domain in verdicts_from_tags(model_version.tags).items())
         table.add_row(str(model_version.version), _aliases_of(registry, name, model_version.version),
                       model_version.tags.get(TAG_GATE, "-"), model_version.tags.get("draftline.source", "-"),
-                      shown, model_version.tags.get(TAG_GATE_REASONS, ""))
-    console.print(table)
+                      verdicts or "-", shown, model_version.tags.get(TAG_GATE_REASONS, ""))
+    print_data(table)
 
 
 def promote_version(registry: Registry, params: PromoteParams, name: str, version: str, force: bool,

@@ -49,6 +49,10 @@ def test_repo_params_yaml_is_valid():
         ({"serve_check": {"max_new_tokens": 4}, "train": {"ar": {"draft_tokens": 4}}, "export": {"kinds": ["ar"]}},
          "serve_check.max_new_tokens 4 is less than one draft of the ar drafter plus its bonus token (4 + 1)"),
         ({"serve_check": {"max_new_tokens": 7}}, "of the block drafter plus its bonus token (7 + 1)"),
+        ({"promote": {"temperatures": [0.0, 0.6]}}, "promote.temperatures: 0.6 is not a temperature evaluate runs "
+         "(evaluate.temperatures: [0.0, 0.8]); add it to evaluate.temperatures or remove it from promote.temperatures"),
+        ({"promote": {"temperatures": [0.0, 0.0]}}, "promote.temperatures: duplicate temperatures ['0.0']"),
+        ({"promote": {"temperatures": []}}, "promote.temperatures: List should have at least 1 item"),
     ],
 )
 def test_bad_params_give_one_line_naming_the_key(data, expected):
@@ -82,6 +86,15 @@ def test_gate_for_a_domain_without_source_is_an_error(data, expected):
     with pytest.raises(ParamsError) as info:
         parse_all(data, "params.yaml")
     assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_gate_decides_at_every_evaluated_temperature_unless_told_otherwise():
+    from pipeline.promote.promote import PromoteParams
+
+    assert PromoteParams().gate_temperatures == ["0.0", "0.8"]
+    assert PromoteParams.model_validate({"evaluate": {"temperatures": [0, 1]}}).gate_temperatures == ["0.0", "1.0"]
+    greedy_only = PromoteParams.model_validate({"promote": {"temperatures": [0]}})
+    assert greedy_only.gate_temperatures == ["0.0"]
 
 
 def test_section_hash_changes_with_the_section_only():

@@ -83,7 +83,21 @@ def test_a_schema_edit_marks_only_the_stages_that_read_it(recorded_repo, module,
     (("train", "block", "trainer", "learning_rate"), 0.01, {"train_block"}),
 ])
 def test_extract_features_reruns_on_the_params_its_layers_follow_from_only(recorded_repo, keys, value, stages):
-    path = recorded_repo / "params.yaml"
+    assert _stages_changed_by_params(recorded_repo, keys, value) == stages
+
+
+@pytest.mark.parametrize(("keys", "value", "stages"), [
+    (("promote", "temperatures"), [0.0], {"promote"}),
+    # unset promote.temperatures, the gate decides at every temperature evaluate runs: a new list re-gates
+    (("evaluate", "temperatures"), [0.0], {"evaluate", "serve_check", "promote"}),
+])
+def test_the_gate_temperatures_rerun_promote(recorded_repo, keys, value, stages):
+    assert _stages_changed_by_params(recorded_repo, keys, value) == stages
+
+
+def _stages_changed_by_params(repo: Path, keys: tuple[str, ...], value: object) -> set[str]:
+    """The stages `dvc status` reports after params.yaml's `keys` is set to `value` (restored after)."""
+    path = repo / "params.yaml"
     original = path.read_text()
     params = yaml.safe_load(original)
     node = params
@@ -92,7 +106,6 @@ def test_extract_features_reruns_on_the_params_its_layers_follow_from_only(recor
     node[keys[-1]] = value
     path.write_text(yaml.safe_dump(params))
     try:
-        changed = set(json.loads(_dvc(recorded_repo, "status", "--json")))
+        return set(json.loads(_dvc(repo, "status", "--json")))
     finally:
         path.write_text(original)
-    assert changed == stages

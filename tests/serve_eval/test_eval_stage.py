@@ -65,8 +65,10 @@ def test_generate_prints_highlighted_tokens_and_step_stats(tiny_workspace, monke
     monkeypatch.chdir(tiny_workspace)
     params = evaluate_params(tiny_workspace)
     assert generate_main(["--params", params, "--prompt", "def add(a, b):", "--max-new-tokens", "6"]) == 0
-    err = capsys.readouterr().err
-    assert "step   0: drafted" in err and "tau (tokens per verifier forward, bonus included)" in err
+    printed = capsys.readouterr()
+    assert "step   0: drafted" in printed.err and "tau (tokens per verifier forward, bonus included)" in printed.err
+    # the generated text is the command's data: stdout (`draftline generate ... > out.txt`), the stats stderr
+    assert printed.out.startswith("def add(a, b):") and "step" not in printed.out
     assert generate_main(["--params", params, "--prompt", "The fox", "--drafter", "block",
                           "--temperature", "0.8", "--max-new-tokens", "6"]) == 0
 
