@@ -68,7 +68,7 @@ def load_teacher(params: TrainParams, kind: str, paths: ArtifactPaths, identity:
     features = open_training_features(
         FeatureStore(paths.features), kind=kind, layers=KIND_SPECS[kind].module("config").feature_layers(cfg, depth),
         dtype=params.features.dtype, verifier_config=head.config, verifier_hash=identity["hash"],
-        corpus_hash=data_hash, max_seq_len=cfg.trainer.max_seq_len)
+        corpus_hash=data_hash, max_seq_len=cfg.trainer.max_seq_len, dequantize_to=head.dtype)
     return FeatureVerifier(head), tokenizer, features
 
 
