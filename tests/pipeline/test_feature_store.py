@@ -21,6 +21,7 @@ from pipeline.features.store import (
     write_index,
     write_shard,
 )
+from tests.support.features import overwrite_tail
 
 LAYERS = (1, 2, 3)
 
@@ -89,13 +90,6 @@ def test_float8_shard_is_half_of_bfloat16_plus_its_scales(tmp_path):
     # the states in e4m3 are exactly half of bfloat16's; the ids, offsets and header are the same in both
     assert sizes["float8_e4m3"] - scales - ids == pytest.approx((sizes["bfloat16"] - ids) / 2, abs=1024)
     assert sizes["float8_e4m3"] / sizes["bfloat16"] < 0.52
-
-
-def overwrite_tail(path: Path, count: int = 64) -> None:
-    """Bytes inside the last tensor's data: the file still parses, only its values changed (0xFF: NaN)."""
-    data = bytearray(path.read_bytes())
-    data[-count:] = b"\xff" * count
-    path.write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float8_e4m3"])
