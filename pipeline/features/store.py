@@ -78,6 +78,12 @@ class FeatureIndex(BaseModel):
     splits: dict[str, SplitEntry]
     engine: dict = {}
 
+    def content_hash(self) -> str:
+        """The feature set's identity: every shard's sha256 in order (the dtype, the engine's numbers and the rows
+        are in those bytes). Another extraction of the same corpus, in another dtype say, is another feature set."""
+        shas = [shard.sha256 for split in sorted(self.splits) for shard in self.splits[split].shards]
+        return hashlib.sha256("\n".join(shas).encode()).hexdigest()
+
 
 def token_bytes(dtype: FeatureDType, hidden_size: int, layers: int) -> int:
     """A shard's bytes per token: its id and `layers` x `hidden_size` states (with fp8 each layer's scale); a row

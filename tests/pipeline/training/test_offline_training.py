@@ -164,12 +164,20 @@ def test_shards_changed_after_extraction_stop_training_with_one_line(workspace, 
 
 @pytest.mark.slow
 def test_training_from_float8_features_runs(workspace, tmp_path):
+    """fp8 features train a drafter as float32 ones do; extracted again in another dtype, the features are another
+    feature set: training starts anew instead of resuming the checkpoints of the old one."""
     from train.dispatch import train
 
     shutil.copytree(workspace / "artifacts", tmp_path / "artifacts")
+    drafter = tmp_path / "artifacts" / "drafters" / "eagle3" / "model.safetensors"
+    float32_info = train(write_params(tmp_path, "eagle3", "offline"), "eagle3")
+    float32 = load_file(drafter)
     assert write_features(tmp_path / "artifacts", dtype="float8_e4m3").dtype == "float8_e4m3"
     info = train(write_params(tmp_path, "eagle3", "offline", dtype="float8_e4m3"), "eagle3")
+    float8 = load_file(drafter)
     assert info["steps"] == STEPS and math.isfinite(info["val_loss"]) and info["val_loss"] < info["untrained_val_loss"]
+    assert any(not torch.equal(float32[name], float8[name]) for name in float32)  # trained, not resumed
+    assert info["val_loss"] == pytest.approx(float32_info["val_loss"], rel=0.01)  # 4e-5 apart when written
 
 
 def test_a_batch_whose_stored_tokens_differ_is_refused(workspace):
