@@ -23,6 +23,7 @@ from pipeline.config.train_config import TrainConfig
 from pipeline.drafters.registry import KIND_SPECS
 from pipeline.errors import DraftlineError
 from pipeline.features.store import token_bytes
+from pipeline.progress import print_columns
 
 
 class EstimateParams(StageParams):
@@ -106,9 +107,7 @@ def run(params: EstimateParams, args: argparse.Namespace) -> None:
         sizes = [token_bytes(dtype, hidden, len(layers)) for dtype in dtypes]
         table.append((what, ",".join(map(str, layers)),
                       *(f"{size:,} B = {human_bytes(size * tokens)}" for size in sizes)))
-    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
-    for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    print_columns(table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
