@@ -75,11 +75,11 @@ def corpus_tokens(stats_path: Path, max_seq_len: int) -> int:
 
 
 def human_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    power = 0
+    while count >= 1024 and power < len(units) - 1:
+        count, power = count / 1024, power + 1
+    return f"{count:.0f} B" if power == 0 else f"{count:.1f} {units[power]}"
 
 
 def estimate_rows(params: EstimateParams, depth: int) -> list[tuple[str, list[int]]]:

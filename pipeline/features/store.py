@@ -228,9 +228,12 @@ class FeatureStore:
         pending = [shard for shard in shards if shard.file not in self._verified]
         if not pending:
             return
-        with ThreadPoolExecutor(max_workers=min(4, len(pending), os.cpu_count() or 1)) as pool:
+        pool = ThreadPoolExecutor(max_workers=min(4, len(pending), os.cpu_count() or 1))
+        try:
             for shard in pool.map(self._hash_matches, pending):  # raises the first mismatch, in shard order
                 self._verified.add(shard.file)
+        finally:
+            pool.shutdown(cancel_futures=True)  # after a mismatch, the shards not yet started are not hashed
 
     def _hash_matches(self, shard: ShardEntry) -> ShardEntry:
         path = self.directory / shard.file
