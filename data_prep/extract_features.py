@@ -38,11 +38,10 @@ from data_prep.corpus import SPLITS, corpus_hash, load_corpus
 from data_prep.feature_engines import FeatureEngine, start_engine
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.cli import run_stage, stage_parser
-from pipeline.config.features_config import FeaturesConfig, offline_kinds
+from pipeline.config.features_config import FeaturesConfig, offline_kinds, stored_layers
 from pipeline.config.stage_params import StageParams
 from pipeline.config.train_config import TrainConfig
 from pipeline.config.verifier_config import VerifierConfig
-from pipeline.drafters.registry import KIND_SPECS
 from pipeline.errors import DraftlineError, describe_os_error, os_error_behind
 from pipeline.features.store import (
     FORMAT_VERSION,
@@ -110,16 +109,6 @@ def verifier_shape(location: str, trust_remote_code: bool) -> VerifierShape:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise DraftlineError(f"cannot read the verifier's config at {location} ({reason}); "
                              "check verifier.name_or_path") from None
-
-
-def stored_layers(train, kinds: list[str], depth: int) -> list[int]:
-    """The layers the offline kinds read, and N, which every feature set holds; none when no kind is offline."""
-    if not kinds:
-        return []
-    wanted = {depth}
-    for name in kinds:
-        wanted |= KIND_SPECS[name].module("config").feature_layers(getattr(train, name), depth)
-    return sorted(wanted)
 
 
 @dataclass(frozen=True)

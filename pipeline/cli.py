@@ -1,4 +1,5 @@
-"""The `draftline` command: one subcommand per stage, plus `params check`, `generate` and `registry`.
+"""The `draftline` command: one subcommand per stage, plus `params check`, `features estimate`, `generate` and
+`registry`.
 
 Each stage module owns its argument parser and exposes `main(argv)`; this file only dispatches, so
 `draftline --help` stays fast and every stage also runs as `python -m <package>.<stage>`.
@@ -31,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build_corpus": ("data_prep.build_corpus", "regenerate responses with the verifier into the corpus"),
     "extract_features": ("data_prep.extract_features", "the verifier's hidden states per corpus row, for the kinds "
                          "trained offline (`--part i/N`: one of N copies)"),
+    "features": ("pipeline.features.estimate", "`features estimate VERIFIER --tokens N`: the disk its features need "
+                 "per features.dtype, from its config.json"),
     "train": ("train.dispatch", f"distill a drafter (`--drafter {'|'.join(DRAFTER_NAMES)}`)"),
     "export": ("export.export", "serving checkpoints, ONNX with parity, TensorRT engines"),
     "evaluate": ("serve_eval.evaluate", "speculative decoding evaluation on the corpus test split"),

@@ -58,6 +58,14 @@ def print_data(renderable: RenderableType, soft_wrap: bool = False) -> None:
     Console(highlight=False, width=max(stdout.width, wanted)).print(renderable, soft_wrap=soft_wrap)
 
 
+def print_columns(rows: list[tuple[str, ...]]) -> None:
+    """Rows of cells (the first the header) to stdout, each column padded to its widest cell: a table that is the
+    command's data, which a pipe or a redirect gets whole (rich would wrap it to the terminal)."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
 def info(message: str) -> None:
     console.print(message)
 

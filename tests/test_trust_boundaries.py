@@ -347,6 +347,7 @@ def test_train_refuses_a_planted_checkpoint_in_one_line(tmp_path):
     """Through the real stage: the checkpoint dir matches the run's fingerprint, so resume would read it."""
     from data_prep.corpus import corpus_hash
     from pipeline.config.schema import load_all
+    from pipeline.features.store import read_index
     from pipeline.paths import ArtifactPaths
     from pipeline.verifier_record import verifier_identity
     from tests.support.training import run_train, write_params
@@ -361,7 +362,8 @@ def test_train_refuses_a_planted_checkpoint_in_one_line(tmp_path):
     checkpoints = paths.checkpoints("ar")
     checkpoints.mkdir(parents=True)
     (checkpoints / FINGERPRINT_FILE).write_text(json.dumps(checkpoint_fingerprint(
-        "ar", params.train.ar, verifier_identity(paths)["hash"], corpus_hash(paths), params.project.seed)))
+        "ar", params.train.ar, verifier_identity(paths)["hash"], corpus_hash(paths), params.project.seed,
+        read_index(paths.features).content_hash())))
     plant_checkpoint(checkpoints / LAST_CHECKPOINT, tmp_path / "MARKER")
     done = run_train(params_path)
     assert done.returncode == 1, done.stderr[-2000:]

@@ -50,10 +50,12 @@ def _scalars(results: dict, keys: tuple[str, ...]) -> dict:
     return {key: results[key] for key in keys if isinstance(results[key], (int, float))}
 
 
-def checkpoint_fingerprint(kind: str, config: BaseModel, verifier_hash: str, corpus_hash: str, seed: int) -> dict:
-    """What checkpoints in artifacts/checkpoints/<kind>/ must have been trained with to be resumed."""
+def checkpoint_fingerprint(kind: str, config: BaseModel, verifier_hash: str, corpus_hash: str, seed: int,
+                           features_hash: str | None) -> dict:
+    """What checkpoints in artifacts/checkpoints/<kind>/ must have been trained with to be resumed; offline, the
+    feature set too (features.dtype is not in `train.<kind>`, and a resumed run would keep the old set's training)."""
     return {f"train.{kind}": config.model_dump(mode="json"), "verifier": verifier_hash, "corpus": corpus_hash,
-            "seed": seed}
+            "seed": seed, "features": features_hash}
 
 
 def load_teacher(params: TrainParams, kind: str, paths: ArtifactPaths, identity: dict, data_hash: str,
@@ -70,7 +72,7 @@ def load_teacher(params: TrainParams, kind: str, paths: ArtifactPaths, identity:
     features = open_training_features(
         FeatureStore(paths.features), kind=kind, layers=KIND_SPECS[kind].module("config").feature_layers(cfg, depth),
         dtype=params.features.dtype, verifier_config=head.config, verifier_hash=identity["hash"],
-        corpus_hash=data_hash, max_seq_len=cfg.trainer.max_seq_len)
+        corpus_hash=data_hash, max_seq_len=cfg.trainer.max_seq_len, dequantize_to=head.dtype)
     return FeatureVerifier(head), tokenizer, features
 
 
@@ -88,7 +90,8 @@ def distill(params: TrainParams, kind: str) -> dict | None:
     with single_writer(paths.checkpoints(kind)):
         untrained = recipe.evaluate(recipe.drafter, teacher) if is_rank_zero() else None
 
-        fingerprint = checkpoint_fingerprint(kind, cfg, identity["hash"], data_hash, params.project.seed)
+        fingerprint = checkpoint_fingerprint(kind, cfg, identity["hash"], data_hash, params.project.seed,
+                                             features.store.index.content_hash() if features else None)
         resume = resume_checkpoint(paths.checkpoints(kind), fingerprint)
         if resume and is_rank_zero():
             info(f"resuming from {resume}")

@@ -11,14 +11,18 @@ from pipeline.config.section import Section, cross_check
 from pipeline.config.vllm_config import VllmConfig
 from pipeline.drafters.registry import KIND_SPECS
 
+# The stored precisions; float8_e4m3 keeps a float32 scale per token and layer beside the e4m3 values
+FeatureDType = Literal["float32", "bfloat16", "float16", "float8_e4m3"]
+
 
 class FeaturesConfig(Section):
     # hf: the verifier in-process (the demo; `device_map` spreads one too big for a GPU over several);
     # vllm: `vllm` with `extract_hidden_states` from .venv-serve, for big verifiers and many GPUs
     engine: Literal["hf", "vllm"] = "hf"
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+    dtype: FeatureDType = Field(
         "bfloat16", description="stored precision: bfloat16 halves the bytes of float32 at the precision verifiers "
-        "run in; float32 makes offline training equal online training to float tolerance",
+        "run in; float8_e4m3 halves bfloat16's again (plus 4 bytes a token and layer for its scale); float32 makes "
+        "offline training equal online training to float tolerance",
     )
     max_seq_len: int = Field(
         192, ge=8, description="rows are cut to this many tokens (prompt start first, as training cuts them); every "
@@ -35,6 +39,17 @@ class FeaturesConfig(Section):
 def offline_kinds(train) -> list[str]:
     """The kinds params train from extracted features."""
     return [name for name in KIND_SPECS if getattr(train, name).features == "offline"]
+
+
+def stored_layers(train, kinds: list[str], depth: int) -> list[int]:
+    """The layers extract_features stores for `kinds` on a `depth`-layer verifier: those they read, and N, which
+    every feature set holds; none when no kind is offline."""
+    if not kinds:
+        return []
+    wanted = {depth}
+    for name in kinds:
+        wanted |= KIND_SPECS[name].module("config").feature_layers(getattr(train, name), depth)
+    return sorted(wanted)
 
 
 @cross_check("features", "train")

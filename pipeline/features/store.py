@@ -6,7 +6,9 @@ Layout of `artifacts/features/`:
   `max_seq_len`) and every split's shards with their row ranges, token counts and sha256;
 - `<split>-<nnnnn>.safetensors`: for rows [start, end) of the split, concatenated along tokens:
   `input_ids` (tokens,) int64, `offsets` (rows + 1,) int64 (row r is tokens offsets[r]:offsets[r+1]),
-  `prompt_lens` (rows,) int64 and one `layer.<i>` (tokens, hidden) per stored layer.
+  `prompt_lens` (rows,) int64 and one `layer.<i>` (tokens, hidden) per stored layer; in `float8_e4m3` also one
+  `scale.<i>` (tokens,) float32 per layer: token t's states are `layer.<i>[t] * scale.<i>[t]`, the scale its
+  largest |state| / 448 (e4m3's largest value), so every token uses the format's whole range.
 
 Layer numbers are HF `output_hidden_states` indices (0 the embeddings, i the output of decoder layer i),
 with one exception: the last layer N is stored *before* the final norm (HF's `hidden_states[N]` is after
@@ -14,15 +16,19 @@ it), so training recomputes the verifier's logits with its final norm and LM hea
 reads HF's `hidden_states[N]` as `norm(layer.N)`.
 
 Reads map a shard only while a batch's rows are copied out of it (`FeatureStore.read_rows`): a training
-process holds one batch of features at a time, so its RAM does not grow with the corpus.
+process holds one batch of features at a time, so its RAM does not grow with the corpus. Before a shard's
+first row is read, its bytes are hashed (streamed) against the sha256 `index.json` records for it, once per
+shard per process: a shard changed after extraction stops the reader with one line instead of training on it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 from pydantic import BaseModel, ValidationError
@@ -31,12 +37,18 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from pipeline.atomic import _umask_mode, write_json_atomic
+from pipeline.config.features_config import FeatureDType
 from pipeline.errors import DraftlineError
 
 INDEX_NAME = "index.json"
 METADATA_KEY = "draftline"  # the one safetensors metadata key of a shard: its `metadata`, as JSON
 FORMAT_VERSION = 1
-FeatureDType = Literal["float32", "bfloat16", "float16"]
+FP8: FeatureDType = "float8_e4m3"
+STORED_TYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                                        "float16": torch.float16, FP8: torch.float8_e4m3fn}
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+SCALE_BYTES = 4  # a float32 scale per token and layer (fp8 only)
+ID_BYTES = 8  # a token's id, int64
 _HINT = "rerun the extract_features stage (dvc repro extract_features)"
 
 
@@ -66,11 +78,32 @@ class FeatureIndex(BaseModel):
     splits: dict[str, SplitEntry]
     engine: dict = {}
 
-    @property
-    def bytes(self) -> int:
-        width = torch.finfo(getattr(torch, self.dtype)).bits // 8
-        tokens = sum(split.tokens for split in self.splits.values())
-        return tokens * (width * self.hidden_size * len(self.layers) + 8)
+    def content_hash(self) -> str:
+        """The feature set's identity: every shard's sha256 in order (the dtype, the engine's numbers and the rows
+        are in those bytes). Another extraction of the same corpus, in another dtype say, is another feature set."""
+        shas = [shard.sha256 for split in sorted(self.splits) for shard in self.splits[split].shards]
+        return hashlib.sha256("\n".join(shas).encode()).hexdigest()
+
+
+def token_bytes(dtype: FeatureDType, hidden_size: int, layers: int) -> int:
+    """A shard's bytes per token: its id and `layers` x `hidden_size` states (with fp8 each layer's scale); a row
+    adds 16 (its offset and prompt length) and a shard its header, a few KiB."""
+    scale = SCALE_BYTES if dtype == FP8 else 0
+    return ID_BYTES + layers * (STORED_TYPES[dtype].itemsize * hidden_size + scale)
+
+
+def quantize_fp8(states: Tensor) -> tuple[Tensor, Tensor]:
+    """(tokens, hidden) -> (e4m3 values, float32 scale per token). A token's scale maps its largest |state| to
+    e4m3's largest, so small and large tokens alike keep e4m3's 3-bit mantissa (relative error <= 1/16)."""
+    states = states.float()
+    amax = states.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))  # an all-zero token stays zero
+    values = (states / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return values.contiguous(), scale.contiguous()
+
+
+def dequantize_fp8(values: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    return (values.float() * scale[:, None]).to(dtype)
 
 
 def shard_name(split: str, index: int) -> str:
@@ -99,7 +132,11 @@ def write_shard(path: Path, rows: list[tuple[list[int], int]], layers: dict[int,
     for layer, states in layers.items():
         if [state.shape[0] for state in states] != lengths.tolist():
             raise DraftlineError(f"layer {layer}'s states do not cover the shard's rows token for token")
-        tensors[f"layer.{layer}"] = torch.cat(states).to(getattr(torch, dtype)).contiguous()
+        stored = torch.cat(states)
+        if dtype == FP8:
+            tensors[f"layer.{layer}"], tensors[f"scale.{layer}"] = quantize_fp8(stored)
+        else:
+            tensors[f"layer.{layer}"] = stored.to(STORED_TYPES[dtype]).contiguous()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     # safetensors writes its metadata map in hash order, which differs from process to process: one key holding
@@ -147,6 +184,7 @@ class FeatureStore:
         self.directory = directory
         self.index = read_index(directory)
         self._offsets: dict[str, Tensor] = {}  # per shard: small, read once
+        self._verified: set[str] = set()  # shards whose bytes hashed to index.json's sha256 in this process
 
     def check(self, *, verifier_hash: str, corpus_hash: str, num_layers: int, hidden_size: int,
               layers: set[int], max_seq_len: int, what: str) -> None:
@@ -179,6 +217,36 @@ class FeatureStore:
                 return shard
         raise DraftlineError(f"verifier features at {self.directory}: no shard holds row {row} of '{split}'; {_HINT}")
 
+    def verify(self, split: str) -> None:
+        """Hash every shard of `split` against its sha256 in index.json before any is read, so that a reader fails
+        before its first step, not mid-run."""
+        entry = self.index.splits.get(split)
+        self._verify(entry.shards if entry else [])
+
+    def _verify(self, shards: list[ShardEntry]) -> None:
+        """Each shard once per process, streamed, a few at a time (hashlib hashes without holding the GIL)."""
+        pending = [shard for shard in shards if shard.file not in self._verified]
+        if not pending:
+            return
+        pool = ThreadPoolExecutor(max_workers=min(4, len(pending), os.cpu_count() or 1))
+        try:
+            for shard in pool.map(self._hash_matches, pending):  # raises the first mismatch, in shard order
+                self._verified.add(shard.file)
+        finally:
+            pool.shutdown(cancel_futures=True)  # after a mismatch, the shards not yet started are not hashed
+
+    def _hash_matches(self, shard: ShardEntry) -> ShardEntry:
+        path = self.directory / shard.file
+        try:
+            actual = file_sha256(path)
+        except OSError as error:
+            raise DraftlineError(f"feature shard {path} is unreadable ({error.strerror or type(error).__name__}); "
+                                 f"{_HINT}") from None
+        if actual != shard.sha256:
+            raise DraftlineError(f"feature shard {path} does not match the sha256 {INDEX_NAME} records for it "
+                                 f"(changed after extraction); {_HINT}, which extracts it again")
+        return shard
+
     def _offsets_of(self, shard: ShardEntry, handle) -> Tensor:
         if shard.file not in self._offsets:
             offsets = handle.get_tensor("offsets")
@@ -188,10 +256,12 @@ class FeatureStore:
             self._offsets[shard.file] = offsets
         return self._offsets[shard.file]
 
-    def read_rows(self, split: str, rows: Sequence[int], layers: set[int] | None = None) -> list[FeatureRow]:
-        """Rows `rows` of `split` (their tokens, prompt lengths and `layers`, default all stored, in the stored
-        dtype), in that order. Each shard is mapped only while its rows are copied out, so a long run's RSS holds
-        one batch of features, never the pages of every shard it has read."""
+    def read_rows(self, split: str, rows: Sequence[int], layers: set[int] | None = None,
+                  dequantize_to: torch.dtype = torch.float32) -> list[FeatureRow]:
+        """Rows `rows` of `split` (their tokens, prompt lengths and `layers`, default all stored), in that order.
+        States come in the stored dtype, except fp8, which nothing computes in: dequantised to `dequantize_to`
+        row by row. Each shard is mapped only while its rows are copied out, so a long run's RSS holds one batch
+        of features, never the pages of every shard it has read; a shard is hashed before its first read."""
         wanted = self.index.layers if layers is None else sorted(layers)
         by_shard: dict[str, list[int]] = {}
         shards: dict[str, ShardEntry] = {}
@@ -199,6 +269,7 @@ class FeatureStore:
             shard = self._shard(split, row)
             shards[shard.file] = shard
             by_shard.setdefault(shard.file, []).append(row)
+        self._verify(list(shards.values()))
         read: dict[int, FeatureRow] = {}
         for name, shard_rows in by_shard.items():
             shard, path = shards[name], self.directory / name
@@ -212,7 +283,8 @@ class FeatureStore:
                         read[row] = FeatureRow(
                             input_ids=handle.get_slice("input_ids")[start:end],
                             prompt_len=int(prompt_lens[local]),
-                            layers={layer: handle.get_slice(f"layer.{layer}")[start:end] for layer in wanted},
+                            layers={layer: self._states(handle, layer, start, end, dequantize_to)
+                                    for layer in wanted},
                             num_layers=self.index.num_layers,
                         )
             except DraftlineError:
@@ -221,3 +293,8 @@ class FeatureStore:
                 raise DraftlineError(f"feature shard {path} is unreadable ({error.__class__.__name__}); {_HINT}") from None
         return [read[row] for row in rows]
 
+    def _states(self, handle, layer: int, start: int, end: int, dequantize_to: torch.dtype) -> Tensor:
+        values = handle.get_slice(f"layer.{layer}")[start:end]
+        if self.index.dtype != FP8:
+            return values
+        return dequantize_fp8(values, handle.get_slice(f"scale.{layer}")[start:end], dequantize_to)

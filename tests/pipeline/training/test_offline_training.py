@@ -5,6 +5,7 @@ training needs stops it with one line before any step."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -17,7 +18,7 @@ from pipeline.errors import DraftlineError
 from pipeline.features.store import FeatureStore
 from pipeline.training.feature_batches import SplitFeatures, feature_key
 from pipeline.verifier_record import write_record
-from tests.support.features import FEATURES_PARAMS
+from tests.support.features import FEATURES_PARAMS, overwrite_tail, write_features
 from tests.support.workspace import make_artifacts
 
 STEPS = 8
@@ -141,6 +142,42 @@ def test_disagreeing_features_stop_training_with_one_line(workspace, tmp_path, c
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert err.startswith("draftline: error: verifier features at ") and message in err, what
     assert "Traceback" not in err and not (tmp_path / "artifacts" / "drafters" / "eagle3").exists()
+
+
+def test_shards_changed_after_extraction_stop_training_with_one_line(workspace, tmp_path, capsys):
+    """Every shard's bytes overwritten after extraction (their sha256 now disagree): training refuses before
+    its first step, instead of saving a drafter trained on NaNs."""
+    from train.dispatch import main
+
+    shutil.copytree(workspace / "artifacts", tmp_path / "artifacts")
+    for shard in (tmp_path / "artifacts" / "features").glob("*.safetensors"):
+        overwrite_tail(shard)
+    write_params(tmp_path, "eagle3", "offline")
+    assert main(["--params", str(tmp_path / "params.yaml"), "--drafter", "eagle3"]) == 1
+    err = capsys.readouterr().err
+    last = " ".join(err.strip().splitlines()[-1].split()) if err.strip() else ""
+    assert last.startswith("draftline: error: feature shard ") and "Traceback" not in err
+    assert "train-00000.safetensors does not match the sha256 index.json records for it" in last
+    assert "rerun the extract_features stage" in last
+    assert not (tmp_path / "artifacts" / "drafters" / "eagle3").exists()
+
+
+@pytest.mark.slow
+def test_training_from_float8_features_runs(workspace, tmp_path):
+    """fp8 features train a drafter as float32 ones do; extracted again in another dtype, the features are another
+    feature set: training starts anew instead of resuming the checkpoints of the old one."""
+    from train.dispatch import train
+
+    shutil.copytree(workspace / "artifacts", tmp_path / "artifacts")
+    drafter = tmp_path / "artifacts" / "drafters" / "eagle3" / "model.safetensors"
+    float32_info = train(write_params(tmp_path, "eagle3", "offline"), "eagle3")
+    float32 = load_file(drafter)
+    assert write_features(tmp_path / "artifacts", dtype="float8_e4m3").dtype == "float8_e4m3"
+    info = train(write_params(tmp_path, "eagle3", "offline", dtype="float8_e4m3"), "eagle3")
+    float8 = load_file(drafter)
+    assert info["steps"] == STEPS and math.isfinite(info["val_loss"]) and info["val_loss"] < info["untrained_val_loss"]
+    assert any(not torch.equal(float32[name], float8[name]) for name in float32)  # trained, not resumed
+    assert info["val_loss"] == pytest.approx(float32_info["val_loss"], rel=0.01)  # 4e-5 apart when written
 
 
 def test_a_batch_whose_stored_tokens_differ_is_refused(workspace):
