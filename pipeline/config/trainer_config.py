@@ -15,6 +15,8 @@ VerifierFeatures = Annotated[Literal["offline", "online"], Field(
     "layers, so any verifier size trains; online: run the verifier forward in every training process",
 )]
 
+MuonPrecision = Literal["auto", "bfloat16", "float32"]
+
 
 class TrainerConfig(Section):
     strategy: Literal["auto", "ddp", "deepspeed_stage_2", "deepspeed_stage_3"] = "auto"
@@ -34,6 +36,11 @@ class TrainerConfig(Section):
     optimizer: Literal["adamw", "muon"] = Field(
         "adamw", description="muon: torch.optim.Muon for the hidden weight matrices, AdamW for the rest "
         "(pipeline/training/muon.py); not with deepspeed_stage_* strategies, which hand Muon flattened shards",
+    )
+    muon_precision: MuonPrecision = Field(
+        "auto", description="the dtype of Muon's Newton-Schulz iteration; auto: bfloat16 where a measured matmul "
+        "probe finds it faster than float32 on the training device (native bf16: GPUs, AVX512-BF16, AMX), else "
+        "float32 (on an AVX2-only CPU emulated bf16 made it ~20x slower); the dtype used is in metrics/train_<kind>.json",
     )
     learning_rate: float = Field(2e-3, gt=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
