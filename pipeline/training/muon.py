@@ -7,7 +7,7 @@ two inner optimizers' own group dicts keeps automatic optimization, gradient cli
 per-step schedule (it rescales every group's lr in place) and checkpointing working unchanged.
 
 torch's Muon runs its Newton-Schulz iteration in bfloat16: fast where bf16 matmul is native (GPUs, AVX512-BF16,
-AMX), emulated and far slower elsewhere (an AVX2-only CPU spent ~45% of a block-drafter step there, issue 46).
+AMX), emulated and far slower elsewhere (an AVX2-only CPU spent ~45% of a block-drafter step there).
 `PrecisionMuon` runs the same iteration in a chosen dtype; `newton_schulz_dtype` picks bf16 only where a
 measured probe finds it faster (pipeline/machine.py).
 """
