@@ -1,7 +1,7 @@
 """The machine a timing was measured on, and whether bfloat16 matmul is fast on it.
 
 A timing means little without its machine: the same commit trains the block drafter 6x slower per step on an
-AVX2-only CPU than on one with AVX512-BF16 (issue 46), because bfloat16 matmul is native on one and emulated on
+AVX2-only CPU than on one with AVX512-BF16, because bfloat16 matmul is native on one and emulated on
 the other. Whether it is fast is measured here (`probe_matmul`: the same matmul timed in both dtypes), not read
 off a vendor or flag string, and cached per device, torch version, thread count and size, so every process
 after the first reads it back.
