@@ -59,6 +59,7 @@ demo: $(STAMP) $(SERVE_STAMP)
 	test -d .dvc || $(BIN)/dvc init -q
 	$(BIN)/python -m pipeline.cli params check  # every section, before the first stage spends minutes
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+	$(BIN)/python -m pipeline.cli timings  # each stage's wall time and the machine it ran on
 	@echo "metrics: metrics/*.json (dvc metrics show), plots: plots/ (dvc plots show), registry: $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
 test: $(STAMP) $(SERVE_STAMP)

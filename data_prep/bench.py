@@ -28,7 +28,7 @@ from data_prep.engines.vllm_server import vllm_server
 from data_prep.sources import Prompt, stable_order, stdlib_code_prompts, stdlib_text_prompts
 from data_prep.tokenizer import train_bpe_tokenizer
 from data_prep.verifier import load_verifier
-from pipeline.cli import run_stage, stage_parser
+from pipeline.cli import run_bench, stage_parser
 from pipeline.config.sampling_config import SamplingConfig
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import info, print_summary
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="--engine vllm: alternating rounds, best kept")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                         help="hf: batched vs naive HF loop; vllm: HF batched vs vllm serve (needs make serve-env)")
-    return run_stage(parser, CorpusParams, run, argv)
+    return run_bench(parser, CorpusParams, run, argv)
 
 
 if __name__ == "__main__":

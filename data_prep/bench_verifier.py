@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from data_prep.bootstrap_verifier import VerifierParams, build_model, make_optimizer, torch_threads, train_step
-from pipeline.cli import run_stage, stage_parser
+from pipeline.cli import run_bench, stage_parser
 from pipeline.config.verifier_config import BootstrapConfig
 from pipeline.progress import info, print_summary
 
@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("python -m data_prep.bench_verifier", __doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="timed training steps per config")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocator, caches)")
-    return run_stage(parser, VerifierParams, run, argv)
+    return run_bench(parser, VerifierParams, run, argv)
 
 
 if __name__ == "__main__":

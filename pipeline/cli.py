@@ -1,5 +1,5 @@
-"""The `draftline` command: one subcommand per stage, plus `params check`, `features estimate`, `generate` and
-`registry`.
+"""The `draftline` command: one subcommand per stage, plus `params check`, `features estimate`, `generate`,
+`registry` and `timings`.
 
 Each stage module owns its argument parser and exposes `main(argv)`; this file only dispatches, so
 `draftline --help` stays fast and every stage also runs as `python -m <package>.<stage>`.
@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from pipeline.config.base import DEFAULT_PARAMS_PATH, DRAFTER_NAMES
@@ -41,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "promote": ("pipeline.promote.promote", "register evaluated drafters in MLflow and run the promotion gate"),
     "generate": ("serve_eval.generate", "one speculative generation with accepted tokens highlighted"),
     "registry": ("pipeline.promote.registry_cmd", "inspect the MLflow registry and promote by hand"),
+    "timings": ("pipeline.stage_times", "each stage's last wall time under `dvc repro`, and the machine it ran on"),
 }
 
 
@@ -199,7 +201,9 @@ def run_stage(
     run: Callable[[Schema, argparse.Namespace], object],
     argv: Sequence[str] | None = None,
 ) -> int:
-    """Parse args, load and validate the sections `schema` holds, run; user errors become one line and a non-zero exit."""
+    """Parse args, load and validate the sections `schema` holds, run; user errors become one line and a non-zero exit.
+    A stage `dvc repro` runs records its wall time when it succeeds (pipeline/stage_times.py)."""
+    entered = time.time()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parser.parse_args(argv)
@@ -211,6 +215,10 @@ def run_stage(
 
             check_generated()
             run(params, args)
+            if "DVC_STAGE" in os.environ:
+                from pipeline.stage_times import process_wall_s, record_stage_time
+
+                record_stage_time(Path(params.project.metrics_dir), os.environ["DVC_STAGE"], process_wall_s(entered))
             _flush_stdout()
     except DraftlineError as error:
         return report_error(error)
@@ -235,6 +243,23 @@ def run_stage(
         print("draftline: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def run_bench(
+    parser: argparse.ArgumentParser,
+    schema: type[Schema],
+    run: Callable[[Schema, argparse.Namespace], object],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """`run_stage` for a benchmark: its numbers follow a line naming the machine that measured them."""
+
+    def measured(params: Schema, args: argparse.Namespace) -> object:
+        from pipeline.machine import print_machine_line  # imports torch: not for `draftline --help`
+
+        print_machine_line()
+        return run(params, args)
+
+    return run_stage(parser, schema, measured, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from rich.table import Table
 
-from pipeline.cli import run_stage, stage_parser
+from pipeline.cli import run_bench, stage_parser
 from pipeline.config.sampling_config import SamplingConfig
 from pipeline.errors import DraftlineError
 from pipeline.integrity import stop_token_ids
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = stage_parser("python -m serve_eval.bench", __doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8, help="test prompts per domain (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    return run_stage(parser, EvaluateParams, run, argv)
+    return run_bench(parser, EvaluateParams, run, argv)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from lightning.pytorch import Callback
 
 from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier
-from pipeline.cli import run_stage, stage_parser
+from pipeline.cli import run_bench, stage_parser
 from pipeline.drafters.ar.lightning import ARDistillModule
 from pipeline.drafters.ar.model import build_drafter
 from pipeline.paths import ArtifactPaths
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--block-ablation", action="store_true", help="ablate the block drafter's training choices")
     parser.add_argument("--variants", nargs="*", default=None, help="with --block-ablation: only these variants")
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps first")
-    return run_stage(parser, TrainParams, run, argv)
+    return run_bench(parser, TrainParams, run, argv)
 
 
 if __name__ == "__main__":

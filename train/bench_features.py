@@ -28,7 +28,7 @@ import yaml
 from datasets import DatasetDict
 
 from pipeline.atomic import write_json_atomic
-from pipeline.cli import run_stage, stage_parser
+from pipeline.cli import run_bench, stage_parser
 from pipeline.config.stage_params import StageParams
 from pipeline.config.verifier_config import VerifierConfig
 from pipeline.drafters.registry import KIND_SPECS
@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="training steps per run")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vllm extraction")
     parser.add_argument("--out", default=None, help="also write the results here (JSON)")
-    return run_stage(parser, BenchParams, run, argv)
+    return run_bench(parser, BenchParams, run, argv)
 
 
 if __name__ == "__main__":

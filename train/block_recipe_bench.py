@@ -30,7 +30,7 @@ import torch
 from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier
 from pipeline.atomic import write_json_atomic, write_text_atomic
-from pipeline.cli import run_stage, stage_parser
+from pipeline.cli import run_bench, stage_parser
 from pipeline.config.sampling_config import SamplingConfig
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.speculative_loop import decode
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: train.block's max_steps)")
     parser.add_argument("--out", type=Path, default=None,
                         help="results JSON (default: metrics/bench_block_recipe.json; the table beside it as .md)")
-    return run_stage(parser, TrainParams, run, argv)
+    return run_bench(parser, TrainParams, run, argv)
 
 
 if __name__ == "__main__":

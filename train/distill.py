@@ -28,6 +28,7 @@ from pipeline.tracking import checked_tracking_uri
 from pipeline.training.feature_batches import TrainingFeatures, open_training_features
 from pipeline.training.feature_verifier import DECODED_OFFLINE_NOTE, FeatureVerifier
 from pipeline.training.frozen import FrozenVerifier, VerifierSource
+from pipeline.training.muon import MuonAdamW
 from pipeline.training.params import TrainParams
 from pipeline.training.verifier_head import load_verifier_head
 from pipeline.verifier_record import verifier_identity
@@ -112,6 +113,10 @@ def distill(params: TrainParams, kind: str) -> dict | None:
                 raise KeyboardInterrupt from None
             raise
         fit_time = time.perf_counter() - fit_started
+        optimizer = trainer.optimizers[0]
+        # which dtype Muon's Newton-Schulz ran in: `auto` decides per machine (pipeline/machine.py)
+        muon = ({"muon_precision": str(optimizer.precision).removeprefix("torch.")}
+                if isinstance(optimizer, MuonAdamW) else {})
 
         state = full_state_dict(module.drafter, trainer)  # collective under ZeRO-3: every rank gathers
         tokens = int(trainer.strategy.reduce(torch.tensor(float(module.tokens_seen)), reduce_op="sum").item())
@@ -137,6 +142,7 @@ def distill(params: TrainParams, kind: str) -> dict | None:
             **recipe.extra_info,
             "features": cfg.features,
             "strategy": recipe.trainer_config.strategy,
+            **muon,
             "world_size": trainer.world_size,
             "lineage": {
                 "verifier_id": identity["id"],
@@ -164,7 +170,7 @@ def distill(params: TrainParams, kind: str) -> dict | None:
         save_drafter_atomic(paths.drafter(kind), write_model, training_info, logger)
         metrics = {key: training_info[key] for key in ("steps", "tokens", "train_loss", "val_loss", "untrained_val_loss")}
         metrics.update(scalars, **untrained_scalars, wall_time_s=round(time.perf_counter() - started, 1),
-                       fit_time_s=round(fit_time, 2))  # this run's fit only: a resumed run's share of the steps
+                       fit_time_s=round(fit_time, 2), **muon)  # fit: this run's only, a resumed run's share of the steps
         write_json_atomic(paths.metrics / f"train_{kind}.json", metrics)
         print_summary(f"train_{kind}", {
             **metrics, "drafter": str(paths.drafter(kind)), "verifier features": cfg.features,

@@ -20,7 +20,8 @@ def build_optimizer(named_parameters: Iterable[tuple[str, nn.Parameter]], cfg: T
     then `cfg.lr_schedule`."""
     named = [(name, parameter) for name, parameter in named_parameters if parameter.requires_grad]
     if cfg.optimizer == "muon":
-        optimizer = MuonAdamW(*split_for_muon(named), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        optimizer = MuonAdamW(*split_for_muon(named), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                              precision=cfg.muon_precision)
     else:
         decay = [parameter for _, parameter in named if parameter.ndim >= 2]
         no_decay = [parameter for _, parameter in named if parameter.ndim < 2]

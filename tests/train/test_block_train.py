@@ -61,7 +61,8 @@ def test_train_block_stage_lowers_loss(tmp_path):
     from train.dispatch import train
 
     make_artifacts(tmp_path, rows_per_split=(12, 4, 2), new_tokens=12)
-    params = write_block_params(tmp_path, max_steps=30, checkpoint_every_n_steps=10, val_every_n_steps=15)
+    params = write_block_params(tmp_path, max_steps=30, checkpoint_every_n_steps=10, val_every_n_steps=15,
+                                muon_precision="float32")
     info = train(params, "block")
     assert info["steps"] == 30
     # trained offline (the default): greedy decoding needs the whole verifier, so stage evaluate measures it
@@ -89,6 +90,7 @@ def test_train_block_stage_lowers_loss(tmp_path):
     DFlashDraftModel.from_pretrained(drafter_dir)
     metrics = json.loads((tmp_path / "metrics" / "train_block.json").read_text())
     assert metrics["steps"] == 30
+    assert metrics["muon_precision"] == saved["muon_precision"] == "float32"  # the Newton-Schulz dtype it ran in
 
 
 def test_greedy_share_answers_a_stable_fraction_of_prompts_greedily():
