@@ -109,6 +109,8 @@ def stages(offline: Collection[str] = ()) -> dict[str, dict]:
         "export": {
             "cmd": "python -m export.export",
             "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus", *drafter_dirs()],
+            # llama.cpp's converter runs it under `.venv-llamacpp`; the pin says which converter that is
+            "scripts": ["export/llamacpp_convert.py", "requirements/llamacpp-converter.txt"],
             "params": ["export", "project.seed", "verifier.trust_remote_code", "verifier.allow_pickle_weights"],
             "outs": [f"{ARTIFACTS}/export"],
         },
