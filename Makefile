@@ -82,13 +82,13 @@ $(LLAMACPP_STAMP): $(LLAMACPP_LOCK) $(LLAMACPP_CONVERTER)
 
 serve-env: $(SERVE_STAMP) $(LLAMACPP_STAMP)
 
-demo: $(STAMP) $(SERVE_STAMP)
+demo: $(STAMP) $(SERVE_STAMP) $(LLAMACPP_STAMP)
 	test -d .dvc || $(BIN)/dvc init -q
 	$(BIN)/python -m pipeline.cli params check  # every section, before the first stage spends minutes
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 	@echo "metrics: metrics/*.json (dvc metrics show), plots: plots/ (dvc plots show), registry: $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
-test: $(STAMP) $(SERVE_STAMP)
+test: $(STAMP) $(SERVE_STAMP) $(LLAMACPP_STAMP)
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)
