@@ -132,7 +132,8 @@ def stages(offline: Collection[str] = ()) -> dict[str, dict]:
         "serve_check": {
             "cmd": "python -m serve_eval.serve_check",
             "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus", *drafter_dirs(), f"{ARTIFACTS}/export"],
-            "scripts": ["serve_eval/vllm_runner.py"],  # run under the serve env's interpreter, not imported
+            # run under the serve envs' interpreters (vLLM's, llama.cpp's), not imported
+            "scripts": ["serve_eval/vllm_runner.py", "serve_eval/llama_server.py"],
             "params": [
                 "serve_check", "export.kinds",
                 "evaluate.denoise_steps",  # draftline's side of the comparison decodes as evaluate does
