@@ -25,6 +25,7 @@ from export.launch_files import LAUNCH_NAME
 from pipeline.errors import DraftlineError
 from pipeline.lineage import read_json
 from pipeline.llamacpp_launch import SERVER
+from pipeline.progress import info
 from pipeline.server_process import free_port, running_server
 from pipeline.serving_venv import llamacpp_python
 from serve_eval.launch_check import first_error_line, parse_counters, run_domain
@@ -157,6 +158,7 @@ def check(params, paths, prompts: dict, log_dir: Path) -> tuple[dict, dict]:
             continue
         report["drafters"][kind] = check_kind(python, kind, arguments[kind], baseline, generations.get(kind),
                                               params, prompts, log_dir, paths)
+        info(f"serve_check: llama.cpp, {kind} drafter: {summary(report['drafters'][kind])}")
     report["wall_s"] = time.perf_counter() - started
     return report, generations
 
@@ -184,3 +186,13 @@ def check_kind(python: Path, kind: str, arguments: list[str], baseline: dict, ge
                      "domains": {domain: {name: record[name] for name in ("single", "batched")}
                                  for domain, record in checked["domains"].items()}}
     return entry
+
+
+def summary(entry: dict) -> str:
+    """One line per drafter for the stage's output: status, then τ single / parallel / draftline per domain."""
+    if entry["status"] != "passed":
+        return f"{entry['status']}: {entry['reason']}"
+    taus = [f"{domain} tau {record['single']['vllm']['tau']:.2f} / {record['batched']['vllm']['tau']:.2f} parallel / "
+            f"{(record.get('draftline') or {}).get('tau') or float('nan'):.2f} draftline"
+            for domain, record in entry["domains"].items()]
+    return "passed, " + "; ".join(taus)
