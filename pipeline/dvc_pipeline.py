@@ -108,9 +108,9 @@ def stages(offline: Collection[str] = ()) -> dict[str, dict]:
         **{f"train_{name}": train_stage(name, name in offline) for name in KIND_SPECS},
         "export": {
             "cmd": "python -m export.export",
-            "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus", *drafter_dirs()],
-            # llama.cpp's converter runs it under `.venv-llamacpp`; the pin says which converter that is
-            "scripts": ["export/llamacpp_convert.py", "requirements/llamacpp-converter.txt"],
+            # the pin says which llama.cpp converter writes the GGUF files
+            "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus", *drafter_dirs(), "requirements/llamacpp-converter.txt"],
+            "scripts": ["export/llamacpp_convert.py"],  # run under `.venv-llamacpp`, not imported
             "params": ["export", "project.seed", "verifier.trust_remote_code", "verifier.allow_pickle_weights"],
             "outs": [f"{ARTIFACTS}/export"],
         },
