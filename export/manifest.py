@@ -1,6 +1,6 @@
 """`manifest.json`: what an export directory holds and where it came from.
 
-Every file with its sha256, the ONNX I/O contract (names, shapes, dtypes, opset), the tokenizer and
+Every file with its sha256 (the GGUF files included), the ONNX I/O contract (names, shapes, dtypes, opset), the tokenizer and
 verifier hashes a consumer must match, lineage, and what was skipped and why.
 """
 
@@ -47,6 +47,7 @@ def build_manifest(
     parity: dict,
     skipped: dict[str, str],
     tensorrt: dict | None,
+    gguf: dict | None,
 ) -> dict:
     return {
         "kind": kind,
@@ -58,5 +59,6 @@ def build_manifest(
         "parity": {"passed": parity["passed"], "atol": parity["atol"], "rtol": parity["rtol"],
                    "outputs": parity["outputs"]},
         "tensorrt": tensorrt,
+        "gguf": gguf,
         "skipped": skipped,
     }

@@ -110,7 +110,9 @@ def stages(offline: Collection[str] = ()) -> dict[str, dict]:
         **{f"train_{name}": train_stage(name, name in offline) for name in KIND_SPECS},
         "export": {
             "cmd": "python -m export.export",
-            "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus", *drafter_dirs()],
+            # the pin says which llama.cpp converter writes the GGUF files
+            "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus", *drafter_dirs(), "requirements/llamacpp-converter.txt"],
+            "scripts": ["export/llamacpp_convert.py"],  # run under `.venv-llamacpp`, not imported
             "params": ["export", "project.seed", "verifier.trust_remote_code", "verifier.allow_pickle_weights"],
             "outs": [f"{ARTIFACTS}/export"],
         },
@@ -132,7 +134,8 @@ def stages(offline: Collection[str] = ()) -> dict[str, dict]:
         "serve_check": {
             "cmd": "python -m serve_eval.serve_check",
             "deps": [f"{ARTIFACTS}/verifier", f"{ARTIFACTS}/corpus", *drafter_dirs(), f"{ARTIFACTS}/export"],
-            "scripts": ["serve_eval/vllm_runner.py"],  # run under the serve env's interpreter, not imported
+            # run under the serve envs' interpreters (vLLM's, llama.cpp's), not imported
+            "scripts": ["serve_eval/vllm_runner.py", "serve_eval/llama_server.py"],
             "params": [
                 "serve_check", "export.kinds",
                 "evaluate.denoise_steps",  # draftline's side of the comparison decodes as evaluate does

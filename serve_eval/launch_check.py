@@ -89,18 +89,19 @@ def read_counters(base: str) -> dict:
         return parse_counters(response.read().decode())
 
 
-def parse_counters(text: str) -> dict:
+def parse_counters(text: str, series: dict[str, str] = COUNTER_SERIES,
+                   per_position_series: str = PER_POSITION_SERIES) -> dict:
     """The spec-decode counters of a Prometheus exposition, summed over label sets (engines), per position
-    for the accepted-per-position counter."""
+    for the accepted-per-position counter; `series` maps another server's names (llama.cpp's) onto vLLM's."""
     totals: dict = {PER_POSITION: []}
     for line in text.splitlines():
         sample = SAMPLE.match(line)
         if not sample or line.startswith("#"):
             continue
         name, value = sample["name"], int(float(sample["value"]))
-        if name in COUNTER_SERIES:
-            totals[COUNTER_SERIES[name]] = totals.get(COUNTER_SERIES[name], 0) + value
-        elif name == PER_POSITION_SERIES:
+        if name in series:
+            totals[series[name]] = totals.get(series[name], 0) + value
+        elif name == per_position_series:
             position = int(re.search(r'position="(\d+)"', sample["labels"] or "")[1])
             per_position = totals[PER_POSITION]
             per_position += [0] * (position + 1 - len(per_position))
@@ -126,16 +127,18 @@ def complete(base: str, model: str, ids: list[int], run: dict, max_tokens: int, 
         return list(json.loads(response.read())["choices"][0]["token_ids"])
 
 
-def run_domain(base: str, prompts: list, run: dict, job: dict, timeout_s: float) -> dict:
-    """At most `concurrency` requests in flight; request i seeded job seed + i, as in vllm_runner.py."""
-    before = read_counters(base)
+def run_domain(base: str, prompts: list, run: dict, job: dict, timeout_s: float, request=complete,
+               counters=read_counters) -> dict:
+    """At most `concurrency` requests in flight; request i seeded job seed + i, as in vllm_runner.py. `request`
+    and `counters` speak another server's API (llama.cpp's)."""
+    before = counters(base)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=run["concurrency"]) as pool:
-        outputs = list(pool.map(lambda i: complete(base, job["model"], prompts[i], run, job["max_new_tokens"],
-                                                   job["seed"] + i, timeout_s), range(len(prompts))))
+        outputs = list(pool.map(lambda i: request(base, job["model"], prompts[i], run, job["max_new_tokens"],
+                                                  job["seed"] + i, timeout_s), range(len(prompts))))
     wall_s = time.perf_counter() - t0
     return {"outputs": outputs, "wall_s": wall_s, "tokens": sum(map(len, outputs)),
-            "counters": counter_delta(read_counters(base), before)}
+            "counters": counter_delta(counters(base), before)}
 
 
 def serve_launch_command(python: Path, argv: list[str], job: dict, log: Path, timeout_s: float,

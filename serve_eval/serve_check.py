@@ -516,6 +516,9 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
                     "gate_sampled": config.gate_sampled, "sampled_note": SAMPLED_NOTE,
                     "launch_command": config.launch_command,
                     "baseline": None, "drafters": {}}
+    from serve_eval import llamacpp_engine  # imports this module
+
+    report["llamacpp"], generations = llamacpp_engine.check(params, paths, prompts, log_dir)
     if python is None:
         reason = ("no serving environment (.venv-serve with vLLM) and serve_check.required is false: run "
                   "`make serve-env` to check the drafters in vLLM")
@@ -545,7 +548,8 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
         if results[kind].get("error"):
             info(f"serve_check: {kind}: {results[kind]['error']}")
     loaded = [kind for kind in jobs if not results[kind].get("error")]
-    generations = draftline_runs(params, paths, loaded, prompts) if loaded else {}
+    missing = [kind for kind in loaded if kind not in generations]
+    generations.update(draftline_runs(params, paths, missing, prompts) if missing else {})
     for kind, job in engine_jobs.items():
         report["drafters"][kind] = check_drafter(job, results[kind], baseline, generations.get(kind), config)
     if config.launch_command:

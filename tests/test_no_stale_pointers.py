@@ -37,7 +37,8 @@ PARAMS_SECTIONS_NAMED_LIKE_PACKAGES = ("train", "export")  # `train.ar`, `export
 FILE_EXTENSIONS = ("py", "md", "yaml", "yml", "toml", "json", "txt", "cfg", "sh")
 # A backticked bare Python file name must be a file of the repository (outside tests/, which name the
 # files they create), except these files of other projects.
-EXTERNAL_FILE_NAMES = {"llama_eagle3.py", "qwen3_dflash.py", "qwen3_dspark.py", "gpu_model_runner.py"}
+EXTERNAL_FILE_NAMES = {"llama_eagle3.py", "qwen3_dflash.py", "qwen3_dspark.py", "gpu_model_runner.py",
+                       "convert_hf_to_gguf.py"}  # llama.cpp's converter, extracted into .venv-llamacpp
 # Packages a test creates in a copy of the repository, by the test file that creates and names them.
 CREATED_BY_TESTS = {"tests/pipeline/drafters/test_fourth_kind.py": "pipeline/drafters/ar2"}
 

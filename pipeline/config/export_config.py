@@ -25,6 +25,16 @@ class ProfileConfig(Section):
         return value
 
 
+class GgufConfig(Section):
+    """The GGUF files llama.cpp's converter writes for llama.cpp (docs/serving.md#llamacpp)."""
+
+    pre_tokenizer: str | None = Field(
+        None, min_length=1,
+        description="llama.cpp's name for the verifier tokenizer's pre-tokenizer (e.g. gpt-2), for a tokenizer "
+                    "missing from the converter's table of known tokenizers; null: the converter's table, then gpt-2 "
+                    "for a plain byte-level BPE (the demo's), else the export fails naming this key")
+
+
 class ExportConfig(Section):
     kinds: list[DrafterName] = Field(default_factory=lambda: list(DRAFTER_NAMES), min_length=1)
 
@@ -42,3 +52,4 @@ class ExportConfig(Section):
     trt_precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     trt_workspace_mb: int = Field(1024, ge=16)
     profile: ProfileConfig = ProfileConfig()
+    gguf: GgufConfig = GgufConfig()

@@ -27,6 +27,9 @@ from pipeline.drafters.proposer import Proposer
 class Launch:
     markdown: str  # launch.md: vLLM / SGLang / TensorRT-LLM commands with the real paths
     speculative_config: dict  # vLLM's --speculative-config, which serve_check runs verbatim
+    # llama-server's --spec-type for this drafter (draft-simple, draft-eagle3, draft-dflash, draft-dspark); its
+    # draft length is speculative_config's num_speculative_tokens (export/launch_files.py writes the command)
+    llama_spec_type: str
 
 
 @dataclass(frozen=True)

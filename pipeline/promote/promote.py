@@ -576,17 +576,26 @@ def launch_command_failure(launch: object, config: ServeCheckConfig) -> str | No
 
 
 def serve_check_refusals(params: PromoteParams, serving: dict | None, kinds: list[str]) -> dict[str, str]:
-    """kind -> why promotion refuses it: `serve_check.required` and its serve_check did not pass."""
+    """kind -> why promotion refuses it: `serve_check.required` and its serve_check did not pass. Every engine
+    that served the drafter (vLLM's `drafters`, llama.cpp's `llamacpp.drafters` when serve_check ran it) must
+    pass; one that cannot serve it on this build (`skipped`) is left out, unless no engine served it."""
     if serving is None:
         return {}
-    drafters = serving.get("drafters") if isinstance(serving.get("drafters"), dict) else {}
+    engines = {"vLLM": serving.get("drafters"), "llama.cpp": (serving.get("llamacpp") or {}).get("drafters")}
     refusals = {}
     for kind in kinds:
-        entry = drafters.get(kind) if isinstance(drafters.get(kind), dict) else {
-            "status": "missing", "reason": f"no '{kind}' entry in metrics/serving.json"}
-        reason = serve_check_failure(entry, params.serve_check)
-        if reason:
-            refusals[kind] = reason
+        verdicts = []  # (engine, skipped, failure reason)
+        for engine, drafters in engines.items():
+            if engine != "vLLM" and not isinstance(drafters, dict):
+                continue  # a serving.json from before that engine was checked
+            entry = (drafters or {}).get(kind)
+            entry = entry if isinstance(entry, dict) else {"status": "missing",
+                                                           "reason": f"no '{kind}' entry in metrics/serving.json"}
+            verdicts.append((engine, entry.get("status") == "skipped", serve_check_failure(entry, params.serve_check)))
+        served = [verdict for verdict in verdicts if not verdict[1]]
+        named = [(engine, reason) for engine, _, reason in (served or verdicts) if reason]
+        if named:
+            refusals[kind] = "; ".join(reason if engine == "vLLM" else f"{engine}: {reason}" for engine, reason in named)
     return refusals
 
 

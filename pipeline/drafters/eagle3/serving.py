@@ -177,4 +177,4 @@ input of layer L, counted from 0).
 {vllm_section(verifier, speculative)}
 {sglang}
 {trtllm}"""
-    return Launch(markdown, speculative)
+    return Launch(markdown, speculative, "draft-eagle3")
