@@ -133,10 +133,6 @@ def export_kind(kind: DrafterKind, params: ExportParams, paths: ArtifactPaths, v
                 texts, trt_skip: str | None, verifier_gguf: dict | None, gguf_skip: str | None) -> dict:
     drafter_dir = paths.drafter(kind.name)
     target = paths.export(kind.name)
-    check_drafter_matches_verifier(drafter_dir, verifier.config, f"{kind.name} drafter at {drafter_dir}",
-                                   f"retrain it (`dvc repro train_{kind.name}`)")
-    refuse_non_finite_weights(drafter_dir, f"{kind.name} drafter at {drafter_dir}",
-                              f"retrain it (`dvc repro train_{kind.name}`)")
     with atomic_dir(target) as out:
         serving_dir = out / launch_files.SERVING_DIR
         export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), verifier_tok, paths.root, gguf_skip)
@@ -183,6 +179,12 @@ def run(params: ExportParams, args: argparse.Namespace) -> None:
     identity = verifier_identity(paths)
     verifier, verifier_tok = load_verifier(paths, trust_remote_code=params.verifier.trust_remote_code,
                                            allow_pickle_weights=params.verifier.allow_pickle_weights)
+    for kind in kinds:  # every drafter refused now, before the verifier's GGUF is written under the export dir
+        drafter_dir = paths.drafter(kind.name)
+        check_drafter_matches_verifier(drafter_dir, verifier.config, f"{kind.name} drafter at {drafter_dir}",
+                                       f"retrain it (`dvc repro train_{kind.name}`)")
+        refuse_non_finite_weights(drafter_dir, f"{kind.name} drafter at {drafter_dir}",
+                                  f"retrain it (`dvc repro train_{kind.name}`)")
     texts = _parity_texts(params, paths)
     gguf_skip = gguf_files.skip_reason()
     verifier_gguf = None

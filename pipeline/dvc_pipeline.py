@@ -217,13 +217,19 @@ def loaded_by_name(module: str) -> list[str]:
     return [f"{spec.package}.{part}" for spec in KIND_SPECS.values()] if part else []
 
 
+# Modules a stage runs only to check that dvc.yaml is current (`check_generated`, at every stage start): they
+# decide no output, so they are no stage's dep (else editing any kind's config would rerun every stage); an edit
+# that changes what they generate is caught by that very check.
+CHECK_ONLY = frozenset({"pipeline.dvc_pipeline"})
+
+
 def import_closure(*modules: str) -> set[str]:
-    """Repo-relative source files the modules run, including their packages' __init__."""
+    """Repo-relative source files the modules run, including their packages' __init__ (not CHECK_ONLY's)."""
     seen: set[str] = set()
     todo = list(modules)
     while todo:
         name = todo.pop()
-        if name in seen:
+        if name in seen or name in CHECK_ONLY:
             continue
         seen.add(name)
         parts = name.split(".")

@@ -179,7 +179,8 @@ SAMPLED = {"T0.8/code/tau": 1.83, "T0.8/code/speedup": 0.89, "T0.8/text/tau": 1.
 
 
 def test_a_drafter_that_pays_greedy_but_not_sampled_is_rejected_naming_the_temperature():
-    """The block drafter of issue 42: 1.4x at T=0, 0.89x on code at T=0.8, and promoted all the same."""
+    """The demo's block drafter as measured: 1.4x at T=0, 0.89x on code at T=0.8, and promoted all the same by a
+    greedy-only gate."""
     decision = decide({**GOOD, **SAMPLED}, CONFIG, ["0.0", "0.8"])
     assert decision.outcome == "rejected"
     assert decision.reasons == ["T=0.8 code speedup 0.89 < floor 1"]

@@ -504,7 +504,7 @@ def test_registry_list_prints_full_names_to_stdout_when_it_is_not_a_terminal(tmp
     capsys.readouterr()
     assert registry_cmd.main(["--params", str(ws.params), "list"]) == 0
     listed = capsys.readouterr()
-    # issue 44 row 13: `draftline registry list | grep block` got nothing, the table went to stderr
+    # `draftline registry list | grep block` got nothing when the table went to stderr
     assert all(name in listed.out for name in names), listed.out
     grepped = [line for line in listed.out.splitlines() if "block" in line]
     assert len(grepped) == 1 and names[1] in grepped[0] and names[1] not in listed.err
@@ -582,7 +582,7 @@ def _set_gate_temperatures(ws: Workspace, temperatures: list[float] | None) -> N
 
 
 def test_a_drafter_slower_when_sampling_is_rejected_at_that_temperature(tmp_path, tokenizer_dir, capsys, monkeypatch):
-    """Issue 42: the block drafter paid at T=0 and cost 11% at T=0.8, and the gate (T=0 only) promoted it.
+    """The demo's block drafter paid at T=0 and cost 11% at T=0.8, and the gate (T=0 only) promoted it.
     Rejected now, per temperature and domain everywhere the verdict is recorded; a greedy-only gate promotes
     it, and changing the list back re-gates it (and it loses the alias it won under the greedy-only gate)."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
