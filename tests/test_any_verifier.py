@@ -106,4 +106,4 @@ def test_dvc_repro_runs_unmodified_on_a_llama_style_verifier(tmp_path):
     for kind in ("ar", "block"):
         record = promotion["drafters"][kind]
         assert record["promoted"], record["reasons"]
-        assert {c["metric"] for c in record["comparisons"]} >= {"stories.tau", "stories.speedup"}
+        assert {c["metric"] for c in record["comparisons"]} >= {"T0.0/stories/tau", "T0.0/stories/speedup"}

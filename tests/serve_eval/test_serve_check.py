@@ -13,6 +13,7 @@ import torch
 import yaml
 from datasets import Dataset, DatasetDict
 
+from export.manifest import file_table
 from pipeline.config.base import DRAFTER_NAMES
 from pipeline.config.schema import parse_all
 from pipeline.config.serve_check_config import ServeCheckConfig
@@ -357,6 +358,8 @@ def served(tmp_path_factory):
     for name, kind in KINDS.items():
         export_serving(kind, paths.drafter(name), paths.export(name), paths.export(name),
                        str(paths.verifier.resolve()), tokenizer, paths.root)
+        # serve_check serves only files its manifest hashed, as the export stage writes it
+        (paths.export(name) / "manifest.json").write_text(json.dumps({"files": file_table(paths.export(name))}))
     assert serve_check.main(["--params", str(work / "params.yaml")]) == 0
     return paths, json.loads((paths.metrics / "serving.json").read_text())
 
