@@ -138,7 +138,7 @@ def export_kind(kind: DrafterKind, params: ExportParams, paths: ArtifactPaths, v
         export_serving(kind, drafter_dir, out, target, _serving_verifier(paths), verifier_tok, paths.root, gguf_skip)
         if verifier_gguf is not None:
             gguf_files.convert_drafter(kind.name, serving_dir, out, _verifier_dir(paths), params.export.gguf)
-        exported = kind.export_onnx(OnnxJob(drafter_dir, serving_dir, out, params.export, params.project.seed,
+        exported = kind.export_onnx(OnnxJob(kind.name, drafter_dir, serving_dir, out, params.export, params.project.seed,
                                             texts, verifier))
         report = exported.parity
         write_json_atomic(out / PARITY_NAME, report.to_json())

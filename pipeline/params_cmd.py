@@ -12,7 +12,7 @@ import yaml
 
 from pipeline.cli import run_stage, stage_parser
 from pipeline.config.schema import Params
-from pipeline.drafters.block.config import LEARNED_MASK_WARNING
+from pipeline.drafters.block.config import BlockFamilyConfig, learned_mask_warning
 from pipeline.progress import warn
 
 
@@ -22,8 +22,9 @@ def _run(params: Params, args: argparse.Namespace) -> None:
         return
     for where in params.project.dirs_outside(Path.cwd()):
         warn(f"{where} is outside the project directory (allowed; check it is meant)")
-    if params.train.block.mask == "learned":
-        warn(LEARNED_MASK_WARNING)
+    for section in params.train.__dict__.values():
+        if isinstance(section, BlockFamilyConfig) and section.mask == "learned":
+            warn(learned_mask_warning(section.kind))
     print(f"{args.params}: ok (params hash {params.section_hash()})")
 
 

@@ -97,7 +97,7 @@ def test_pickled_weights_beside_a_decoy_safetensors_are_refused(tmp_path):
     block.save_pretrained(tmp_path / "block")
     torch.save({}, tmp_path / "block" / "extra.pt")
     with pytest.raises(DraftlineError, match="extra.pt"):
-        load_block_drafter(tmp_path / "block")
+        load_block_drafter(tmp_path / "block", "block")
 
 
 def test_verifier_with_auto_map_is_refused_unless_params_trust_it(project, tmp_path):

@@ -22,7 +22,7 @@ from datasets import DatasetDict
 from data_prep.corpus import load_corpus
 from data_prep.verifier import load_verifier
 from pipeline.atomic import write_json_atomic
-from pipeline.drafters.block.config import BlockDrafterConfig, build_target_layer_ids
+from pipeline.drafters.block.config import BlockFamilyConfig, build_target_layer_ids
 from pipeline.drafters.block.lightning import BlockDistillModule, evaluate_blocks
 from pipeline.drafters.block.mask import resolve_mask
 from pipeline.drafters.block.model import build_drafter, verifier_parts
@@ -79,11 +79,11 @@ def variants(depth: int, num_feature_layers: int) -> list[Variant]:
     ]
 
 
-def merged(cfg: BlockDrafterConfig, overrides: dict) -> BlockDrafterConfig:
+def merged(cfg: BlockFamilyConfig, overrides: dict) -> BlockFamilyConfig:
     data = cfg.model_dump()
     for key, value in overrides.items():
         data[key] = {**data[key], **value} if isinstance(value, dict) else value
-    return BlockDrafterConfig.model_validate(data)
+    return BlockFamilyConfig.model_validate(data)
 
 
 def select_rows(corpus: DatasetDict, rows: str) -> DatasetDict:
@@ -96,14 +96,14 @@ def select_rows(corpus: DatasetDict, rows: str) -> DatasetDict:
     return DatasetDict({**corpus, "train": train})
 
 
-def train_variant(params: TrainParams, cfg: BlockDrafterConfig, corpus: DatasetDict, verifier, tokenizer,
+def train_variant(params: TrainParams, cfg: BlockFamilyConfig, corpus: DatasetDict, verifier, tokenizer,
                   variant: Variant, steps: int):
     seed = params.project.seed
     tcfg = cfg.trainer.model_copy(update={
         "strategy": "auto", "devices": 1, "num_nodes": 1, "accelerator": "cpu", "max_steps": steps,
         "val_every_n_steps": 10 * steps, "checkpoint_every_n_steps": 10 * steps,
     })
-    mask = resolve_mask(cfg.mask, verifier, tokenizer, corpus["train"])
+    mask = resolve_mask(cfg.mask, verifier, tokenizer, corpus["train"], cfg.kind)
     drafter = build_drafter(verifier, cfg, mask and mask.token_id, mask and mask.rule, seed)
     if not variant.norm_from_verifier:
         with torch.no_grad():

@@ -36,6 +36,7 @@ class Launch:
 class OnnxJob:
     """What a kind needs to export its ONNX graph and check it against PyTorch."""
 
+    kind: str  # the kind's name (one module may export several kinds: the block family)
     drafter_dir: Path  # the trained checkpoint
     serving_dir: Path  # the served copy (the AR drafter exports from it, as serving stacks load it)
     out: Path  # the export directory being written

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from pipeline.drafters.ar.spec import AR
 from pipeline.drafters.block.spec import BLOCK
+from pipeline.drafters.dspark.spec import DSPARK
 from pipeline.drafters.eagle3.spec import EAGLE3
 from pipeline.drafters.kind_spec import KindSpec
 
-KIND_SPECS: dict[str, KindSpec] = {spec.name: spec for spec in (AR, BLOCK, EAGLE3)}
+KIND_SPECS: dict[str, KindSpec] = {spec.name: spec for spec in (AR, BLOCK, DSPARK, EAGLE3)}

@@ -197,8 +197,8 @@ def test_onnx_block_backend_matches_torch(exported):
     from pipeline.drafters.speculative_loop import decode
 
     verifier = AutoModelForCausalLM.from_pretrained(exported / "verifier").eval()
-    torch_drafter = BlockDrafter(load_drafter(exported / "drafters" / "block"), verifier)
-    onnx_drafter = load_onnx_drafter(exported / "export" / "block")
+    torch_drafter = BlockDrafter(load_drafter(exported / "drafters" / "block", "block"), verifier)
+    onnx_drafter = load_onnx_drafter(exported / "export" / "block", "block")
     assert onnx_drafter.block_size == BLOCK_SIZE
 
     tokens = [5, 17, 30, 41, 8, 99, 120, 7, 64, 33, 2, 81]

@@ -92,7 +92,7 @@ def test_draftline_model_type_is_caught(block_dir):
 def test_served_block_drafter_still_loads_in_draftline(block_dir):
     from pipeline.drafters.block.model import load_drafter
 
-    model = load_drafter(block_dir)
+    model = load_drafter(block_dir, "block")
     assert model.config.mask_token_id is not None and model.config.mask_mode == "token"
 
 
@@ -216,7 +216,7 @@ def test_dspark_variant_is_served_in_vllms_qwen3_dspark_layout(dspark_dir, block
 def test_dspark_layout_without_its_heads_or_with_the_wrong_block_layout_is_refused(dspark_dir):
     from pipeline.drafters.block.model import load_drafter
 
-    assert load_drafter(dspark_dir).markov_head is not None  # the ONNX backend runs the served heads
+    assert load_drafter(dspark_dir, "dspark").markov_head is not None  # the ONNX backend runs the served heads
     _edit_config(dspark_dir, lambda c: c.update(sample_from_anchor=True))
     with pytest.raises(DraftlineError, match="sample_from_anchor false"):
         check_layout(dspark_dir)

@@ -26,24 +26,25 @@ from tests.support.workspace import corpus_rows, write_verifier
 
 K = 3  # draft tokens of every kind (the block drafter's block is K + 1)
 PEAK = 20.0  # the tiny verifier's LM head scale
-SPEC_TYPES = {"ar": "draft-simple", "block": "draft-dspark", "eagle3": "draft-eagle3"}
+SPEC_TYPES = {"ar": "draft-simple", "block": "draft-dflash", "dspark": "draft-dspark", "eagle3": "draft-eagle3"}
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(llamacpp_python() is None, reason="no .venv-llamacpp: `make serve-env` builds it")]
 
 
 def _drafters(paths: ArtifactPaths, verifier, tokenizer) -> None:
-    """AR: the verifier's first 2 layers (accepts often, not always); block: DSpark, tapping layers 0 and 2
-    (llama.cpp has no input of a layer past the last), and EAGLE-3: both fitted to the corpus prompts."""
+    """AR: the verifier's first 2 layers (accepts often, not always); block (DFlash) and DSpark, tapping layers 0
+    and 2 (llama.cpp has no input of a layer past the last), and EAGLE-3: all three fitted to the corpus prompts."""
     ar = tiny_qwen3(len(tokenizer), num_layers=2, seed=1, eos_token_id=tokenizer.eos_token_id)
     ar.load_state_dict(verifier.state_dict(), strict=False)
     ar.save_pretrained(paths.drafter("ar"))
     tokenizer.save_pretrained(paths.drafter("ar"))
     (paths.drafter("ar") / "training.json").write_text(json.dumps({"kind": "ar", "draft_tokens": K}))
     prompts = [row["prompt_ids"] for row in corpus_rows(tokenizer, 2)]
-    block = fit_block(verifier, tokenizer.mask_token_id, prompts, 60, block_size=K + 1, markov_rank=8)
-    block.save_pretrained(paths.drafter("block"))
-    tokenizer.save_pretrained(paths.drafter("block"))
+    for kind, markov_rank in (("block", 0), ("dspark", 8)):
+        fit_block(verifier, tokenizer.mask_token_id, prompts, 60, block_size=K + 1, markov_rank=markov_rank,
+                  ).save_pretrained(paths.drafter(kind))
+        tokenizer.save_pretrained(paths.drafter(kind))
     save_tiny_eagle3(verifier, tokenizer, paths.drafter("eagle3"), draft_tokens=K, fit_prompts=prompts, fit_steps=40)
 
 
@@ -104,7 +105,7 @@ def test_every_kind_is_served_losslessly_by_its_launch_line_under_the_rule(serve
             failures = domain_failures(record, config.max_tau_gap, config.max_batch_tau_gap, config.sampled_z)
             assert all("batched" in reason for reason in failures), (kind, failures)
         assert entry["status"] == ("passed" if entry["reason"] is None else "failed")
-    for kind in ("block", "eagle3"):  # fitted drafters: τ agreement is not vacuous
+    for kind in ("block", "dspark", "eagle3"):  # fitted drafters: τ agreement is not vacuous
         assert any(r["single"]["vllm"]["tau"] > 1.5 for r in llamacpp["drafters"][kind]["domains"].values()), kind
 
 

@@ -151,14 +151,16 @@ def fit_block(verifier, mask_token_id: int, prompts: list[list[int]], steps: int
     """A block drafter for `verifier` (the DSpark variant with `markov_rank`), fitted by Adam on the real training
     signal over the verifier's greedy continuations of `prompts`: its drafts are accepted often on them."""
     from pipeline.drafters.block.config import BlockDrafterConfig
+    from pipeline.drafters.dspark.config import DSparkDrafterConfig
     from pipeline.drafters.block.lightning import anchor_generator, block_signals, verifier_targets
     from pipeline.drafters.block.losses import position_weights
     from pipeline.drafters.block.model import DFlashDraftModel, drafter_config, verifier_parts
     from pipeline.training.frozen import FrozenVerifier
     from pipeline.training.prompt_response_data import collate_rows
 
-    cfg = BlockDrafterConfig(block_size=block_size, num_layers=1, target_layer_ids=list(target_layer_ids),
-                             markov_rank=markov_rank)
+    shape = dict(block_size=block_size, num_layers=1, target_layer_ids=list(target_layer_ids))
+    cfg = (DSparkDrafterConfig(**shape, markov_rank=markov_rank, confidence_head=False) if markov_rank
+           else BlockDrafterConfig(**shape))
     torch.manual_seed(0)
     drafter = DFlashDraftModel(drafter_config(verifier, cfg, mask_token_id))
     rows = []

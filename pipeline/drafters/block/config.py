@@ -1,8 +1,10 @@
-"""`train.block`: the DFlash-style block drafter."""
+"""`train.block` and `train.dspark`: the block family's sections. `BlockFamilyConfig` holds what both kinds
+share (the DFlash pass, its loss and trainer); `BlockDrafterConfig` is plain DFlash, and the DSpark kind
+(pipeline/drafters/dspark/config.py) adds its Markov and confidence heads on top."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, ClassVar, Literal, Optional, Union
 
 from pydantic import Field, PositiveInt, StrictBool, model_validator
 
@@ -26,7 +28,7 @@ class BlockLossConfig(Section):
     )
     confidence: float = Field(
         1.0, ge=0, description="weight of the confidence head's BCE against each position's acceptance rate "
-        "(train.block.confidence_head only)",
+        "(train.dspark with confidence_head only)",
     )
     labels: Literal["verifier", "corpus"] = "verifier"
     greedy_chain: StrictBool = Field(
@@ -37,7 +39,7 @@ class BlockLossConfig(Section):
     position_weights: Literal["exponential", "dpace"] = Field(
         "dpace", description="dpace: with Muon on the demo (2 seeds, 156 prompts) greedy tau code 2.86 -> 3.01, text "
         "4.05 -> 4.21 over exponential, at T=0.8 code 1.59 -> 1.53, text 1.57 -> 1.54 (the greedy gain is 3-6x the "
-        "sampled loss). exponential: fixed w_k = exp(−(k−1)/γ) (train.block.gamma); dpace: per block, "
+        "sampled loss). exponential: fixed w_k = exp(−(k−1)/γ) (the section's gamma); dpace: per block, "
         "from the drafter's own detached confidence q_i = exp(−CE_i) smoothed by dpace_alpha, w_k = Σ_{j≥k} Π_{i≤j} q_i, "
         "the gradient of the block's expected accepted length (D-PACE)",
     )
@@ -61,12 +63,15 @@ class BlockTrainerConfig(TrainerConfig):
     )
 
 
-LEARNED_MASK_WARNING = ("train.block.mask is 'learned': the block drafter will train, but vLLM, SGLang and "
-                        "TensorRT-LLM cannot serve a learned mask embedding, so export will refuse it "
-                        "('auto' picks a servable vocabulary id)")
+def learned_mask_warning(kind: str) -> str:
+    return (f"train.{kind}.mask is 'learned': the {kind} drafter will train, but vLLM, SGLang and TensorRT-LLM "
+            "cannot serve a learned mask embedding, so export will refuse it ('auto' picks a servable vocabulary id)")
 
 
-class BlockDrafterConfig(Section):
+class BlockFamilyConfig(Section):
+    """What the block family's kinds share; each kind's section is a subclass naming its `kind`."""
+
+    kind: ClassVar[str]
     block_size: int = Field(8, ge=2, le=64)
     num_layers: int = Field(2, ge=1, le=5)
     num_heads: Optional[int] = Field(None, ge=1, description="None: the verifier's")
@@ -99,15 +104,9 @@ class BlockDrafterConfig(Section):
         "states before the drafter reads them (the peer's DFlash recipe uses 0.05)",
     )
     gamma: Optional[float] = Field(None, gt=0, description="None: 7 for B=16, 5 for 10, 4 for 8")
-    markov_rank: int = Field(
-        0, ge=0, le=4096, description="0: plain DFlash. r > 0: the DSpark variant, a rank-r Markov head (V x r, "
-        "r x V) adding a bias from the previous block token to each position's logits, drafted left to right; "
-        "exported for vLLM `method: dspark`",
-    )
-    confidence_head: StrictBool = Field(
-        False, description="DSpark confidence head (needs markov_rank > 0): per-position acceptance estimate, "
-        "which lets decoding cut a block short (evaluate.confidence_threshold)",
-    )
+    # plain DFlash has no Markov or confidence head; the DSpark kind's section overrides both
+    markov_rank: int = 0
+    confidence_head: StrictBool = False
     loss: BlockLossConfig = BlockLossConfig()
     decode_prompts: int = Field(
         4, ge=0, description="validation prompts greedily decoded with the drafter at every validation (real tau)",
@@ -121,33 +120,45 @@ class BlockDrafterConfig(Section):
     features: VerifierFeatures = "offline"
     trainer: BlockTrainerConfig = BlockTrainerConfig()
 
-    @model_validator(mode="after")
-    def _confidence_needs_markov(self) -> "BlockDrafterConfig":
-        # vLLM's DSpark layout always carries a Markov head; a confidence head alone has no servable layout
-        if self.confidence_head and self.markov_rank == 0:
-            raise ValueError("confidence_head: true needs markov_rank > 0 (the DSpark layout)")
-        return self
-
     @property
     def draft_tokens(self) -> int:
         """k per verifier step as served (`num_speculative_tokens`): the block less its anchor position."""
         return self.block_size - 1
 
 
-@cross_check("train", "verifier")
-def _target_layers_exist(params) -> None:
-    """Caught here instead of minutes later in training, when the verifier's depth is known now."""
-    layer_ids = params.train.block.target_layer_ids
+class BlockDrafterConfig(BlockFamilyConfig):
+    """`train.block`: the DFlash-style block drafter, every block position drafted independently in one pass."""
+
+    kind: ClassVar[str] = "block"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_dspark_heads(cls, data):
+        # one kind, one served layout: a Markov or confidence head makes it the DSpark kind, trained beside this one
+        if isinstance(data, dict) and (data.get("markov_rank") or data.get("confidence_head")):
+            raise ValueError("markov_rank / confidence_head are the DSpark kind's: set them under train.dspark "
+                             "(trained beside the plain block drafter), not train.block")
+        return data
+
+
+def check_target_layers(params, kind: str) -> None:
+    """Caught at params load instead of minutes later in training, when the verifier's depth is known now."""
+    layer_ids = getattr(params.train, kind).target_layer_ids
     if layer_ids is None:
         return
     if len(set(layer_ids)) != len(layer_ids) or min(layer_ids) < 0:
-        raise ValueError(f"train.block.target_layer_ids {layer_ids} must be distinct layer indices >= 0")
+        raise ValueError(f"train.{kind}.target_layer_ids {layer_ids} must be distinct layer indices >= 0")
     depth = params.verifier.bootstrap.num_layers
     if params.verifier.source == "bootstrap" and max(layer_ids) >= depth:
         raise ValueError(
-            f"train.block.target_layer_ids {layer_ids} out of range for the {depth}-layer bootstrap verifier "
+            f"train.{kind}.target_layer_ids {layer_ids} out of range for the {depth}-layer bootstrap verifier "
             f"(valid: 0..{depth - 1})"
         )
+
+
+@cross_check("train", "verifier")
+def _block_target_layers_exist(params) -> None:
+    check_target_layers(params, BlockDrafterConfig.kind)
 
 
 def build_target_layer_ids(num_verifier_layers: int, count: int) -> list[int]:
@@ -166,16 +177,16 @@ def build_target_layer_ids(num_verifier_layers: int, count: int) -> list[int]:
     return sorted(set(ids))
 
 
-def target_layer_ids(cfg: BlockDrafterConfig, depth: int) -> list[int]:
+def target_layer_ids(cfg: BlockFamilyConfig, depth: int) -> list[int]:
     """The verifier layers feeding the drafter: params' own, or `num_feature_layers` spread over `depth`."""
     layer_ids = cfg.target_layer_ids or build_target_layer_ids(depth, cfg.num_feature_layers)
     if any(not 0 <= layer_id < depth for layer_id in layer_ids):
-        raise DraftlineError(f"train.block.target_layer_ids {layer_ids} out of range for a {depth}-layer verifier; "
+        raise DraftlineError(f"train.{cfg.kind}.target_layer_ids {layer_ids} out of range for a {depth}-layer verifier; "
                              f"use ids in 0..{depth - 1} or null for the default spread")
     return layer_ids
 
 
-def feature_layers(cfg: BlockDrafterConfig, depth: int) -> set[int]:
+def feature_layers(cfg: BlockFamilyConfig, depth: int) -> set[int]:
     """The verifier `hidden_states` indices the drafter reads (layer id i is index i + 1): what extract_features
     stores for it (pipeline/features/store.py)."""
     return {layer_id + 1 for layer_id in target_layer_ids(cfg, depth)}

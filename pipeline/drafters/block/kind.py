@@ -1,10 +1,9 @@
 """The block drafter kind: a DFlash-style drafter that drafts a whole block per pass from the
-verifier's own hidden states.
+verifier's own hidden states, exported for vLLM `method: dflash`.
 
-One kind, two served layouts: with `train.block.markov_rank` 0 it is DFlash (vLLM `method: dflash`);
-with markov_rank > 0 it is the DSpark variant, the same parallel pass plus a Markov head (and optionally
-a confidence head), exported as vLLM's `Qwen3DSparkModel` (`method: dspark`). Same package, same
-training stage; the checkpoint's config says which (`markov_rank`), and every part below follows it.
+The DSpark kind (pipeline/drafters/dspark/) is the same pass plus a Markov head (and a confidence head);
+`family_kind` builds either: the checkpoint's config (`markov_rank`) says which heads run and which
+layout is served (pipeline/drafters/block/serving.py).
 """
 
 from __future__ import annotations
@@ -21,12 +20,18 @@ from pipeline.drafters.block.spec import BLOCK as SPEC
 from pipeline.drafters.interface import DrafterKind, LoadedDrafter
 
 
-def load(drafter_dir: Path, verifier: PreTrainedModel, config: EvaluateConfig, export_dir: Path) -> LoadedDrafter:
-    if config.backend == "onnx":
-        drafter = onnx.load_onnx_drafter(export_dir, config.denoise_steps)
-    else:
-        drafter = BlockDrafter(load_drafter(drafter_dir, verifier.dtype).to(verifier.device), verifier, config.denoise_steps)
-    return LoadedDrafter(BlockProposer(drafter, config.confidence_threshold), config.backend, None)
+def family_kind(name: str) -> DrafterKind:
+    """A block-family kind named `name` (its drafter dir, export dir and ONNX manifest carry that name)."""
+
+    def load(drafter_dir: Path, verifier: PreTrainedModel, config: EvaluateConfig, export_dir: Path) -> LoadedDrafter:
+        if config.backend == "onnx":
+            drafter = onnx.load_onnx_drafter(export_dir, name, config.denoise_steps)
+        else:
+            model = load_drafter(drafter_dir, name, verifier.dtype).to(verifier.device)
+            drafter = BlockDrafter(model, verifier, config.denoise_steps)
+        return LoadedDrafter(BlockProposer(drafter, config.confidence_threshold), config.backend, None)
+
+    return DrafterKind(name=name, onnx=onnx, serving=serving, load=load)
 
 
-KIND = DrafterKind(name=SPEC.name, onnx=onnx, serving=serving, load=load)
+KIND = family_kind(SPEC.name)

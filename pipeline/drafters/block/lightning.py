@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from pipeline.config.trainer_config import TrainerConfig
 from pipeline.drafters.block.anchors import block_targets, sample_anchors
-from pipeline.drafters.block.config import BlockDrafterConfig
+from pipeline.drafters.block.config import BlockFamilyConfig
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.losses import acceptance_rate, block_loss, confidence_loss, position_weights
 from pipeline.drafters.block.model import DFlashDraftModel, verifier_parts
@@ -69,7 +69,7 @@ class VerifierTargets:
 
 
 def verifier_targets(
-    verifier: VerifierSource, batch: dict[str, Tensor], drafter: DFlashDraftModel, cfg: BlockDrafterConfig
+    verifier: VerifierSource, batch: dict[str, Tensor], drafter: DFlashDraftModel, cfg: BlockFamilyConfig
 ) -> VerifierTargets:
     out = verifier.outputs(batch)
     wanted = {layer_id + 1 for layer_id in drafter.config.target_layer_ids}  # index 0 is the embeddings
@@ -87,13 +87,13 @@ def with_feature_noise(targets: VerifierTargets, half_width: float, generator: t
     return VerifierTargets(noised, targets.top1, targets.logits)
 
 
-def needs_teacher_logits(cfg: BlockDrafterConfig) -> bool:
+def needs_teacher_logits(cfg: BlockFamilyConfig) -> bool:
     """fkl learns the verifier's distribution; the confidence head's target is the acceptance rate against it."""
     return cfg.loss.fkl > 0 or cfg.confidence_head
 
 
 def block_signals(
-    drafter: DFlashDraftModel, targets: VerifierTargets, batch: dict[str, Tensor], cfg: BlockDrafterConfig,
+    drafter: DFlashDraftModel, targets: VerifierTargets, batch: dict[str, Tensor], cfg: BlockFamilyConfig,
     weights: Tensor, generator: torch.Generator, embed_tokens: nn.Module, lm_head: nn.Module,
     prompt_anchors: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
@@ -173,7 +173,7 @@ def decode_acceptance(
 
 @torch.no_grad()
 def evaluate_blocks(
-    drafter: DFlashDraftModel, verifier: VerifierSource, batches: PromptResponseBatches, cfg: BlockDrafterConfig, seed: int,
+    drafter: DFlashDraftModel, verifier: VerifierSource, batches: PromptResponseBatches, cfg: BlockFamilyConfig, seed: int,
     max_new_tokens: int = 32, denoise_steps: int = 1,
 ) -> dict:
     """Loss and teacher-forced acceptance proxy on held-out batches (anchors fixed by (seed, batch index)),
@@ -199,7 +199,7 @@ def evaluate_blocks(
 
 
 class BlockDistillModule(DrafterModule):
-    def __init__(self, drafter: DFlashDraftModel, verifier: VerifierSource, cfg: BlockDrafterConfig,
+    def __init__(self, drafter: DFlashDraftModel, verifier: VerifierSource, cfg: BlockFamilyConfig,
                  trainer_cfg: TrainerConfig, seed: int, val_rows: Sequence[tuple[list[int], int]] = ()):
         super().__init__()
         self.drafter = drafter

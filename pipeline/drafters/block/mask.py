@@ -72,12 +72,12 @@ def choose_mask(tokenizer: PreTrainedTokenizerBase, vocab_size: int, end_ids: li
 
 
 def resolve_mask(mode: str, verifier: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, train: Dataset,
-                 ) -> MaskChoice | None:
-    """`train.block.mask` made concrete for this verifier: a MaskChoice, or None for a learned mask embedding."""
+                 kind: str) -> MaskChoice | None:
+    """`train.<kind>.mask` made concrete for this verifier: a MaskChoice, or None for a learned mask embedding."""
     if mode == "learned":
         return None
     if mode == "token" and tokenizer_mask_id(tokenizer) is None:
-        raise DraftlineError("train.block.mask is 'token' but the verifier's tokenizer has no mask token; "
-                             "set train.block.mask to 'auto' (an existing id chosen by rule)")
+        raise DraftlineError(f"train.{kind}.mask is 'token' but the verifier's tokenizer has no mask token; "
+                             f"set train.{kind}.mask to 'auto' (an existing id chosen by rule)")
     vocab_size = int(verifier.config.get_text_config().vocab_size)
     return choose_mask(tokenizer, vocab_size, stop_token_ids(verifier.generation_config, tokenizer), train)

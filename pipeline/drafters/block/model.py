@@ -39,7 +39,7 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedMode
 from transformers import initialization as init
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
-from pipeline.drafters.block.config import BlockDrafterConfig, build_target_layer_ids, target_layer_ids
+from pipeline.drafters.block.config import BlockFamilyConfig, build_target_layer_ids, target_layer_ids
 from pipeline.drafters.rope import apply_rope, rope_cos_sin
 from pipeline.errors import DraftlineError
 from pipeline.integrity import load_pretrained, require_checkpoint
@@ -480,7 +480,7 @@ def verifier_parts(verifier: nn.Module) -> tuple[nn.Module, nn.Module, int, int]
     )
 
 
-def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: int | None,
+def drafter_config(verifier: nn.Module, cfg: BlockFamilyConfig, mask_token_id: int | None,
                    mask_rule: str | None = None) -> DFlashConfig:
     """The DFlash config for `verifier` from params: width, vocabulary and RoPE base follow the verifier.
     No `mask_token_id` means a learned mask embedding; `mask_rule` says why that id was chosen."""
@@ -491,7 +491,7 @@ def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: 
     heads = cfg.num_heads or int(text.num_attention_heads)
     kv_heads = cfg.num_kv_heads or int(getattr(text, "num_key_value_heads", None) or heads)
     if heads % kv_heads:
-        raise DraftlineError(f"train.block.num_heads ({heads}) must be a multiple of num_kv_heads ({kv_heads})")
+        raise DraftlineError(f"train.{cfg.kind}.num_heads ({heads}) must be a multiple of num_kv_heads ({kv_heads})")
     verifier_head_dim = getattr(text, "head_dim", None) or hidden // int(text.num_attention_heads)
     head_dim = int(verifier_head_dim) if cfg.num_heads is None else hidden // heads
     rope = getattr(text, "rope_parameters", None) or {}
@@ -519,7 +519,7 @@ def drafter_config(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: 
     )
 
 
-def build_drafter(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: int | None,
+def build_drafter(verifier: nn.Module, cfg: BlockFamilyConfig, mask_token_id: int | None,
                   mask_rule: str | None = None, seed: int = 0) -> DFlashDraftModel:
     """A fresh drafter whose final norm starts as the verifier's: its output feeds the verifier's frozen
     LM head, which was trained on exactly that norm's scale."""
@@ -533,15 +533,15 @@ def build_drafter(verifier: nn.Module, cfg: BlockDrafterConfig, mask_token_id: i
     return drafter
 
 
-def load_drafter(path: Path, dtype: torch.dtype = torch.float32) -> DFlashDraftModel:
-    """A trained (or served) block drafter, frozen, for decoding and export."""
-    require_checkpoint(path, "block")
+def load_drafter(path: Path, kind: str, dtype: torch.dtype = torch.float32) -> DFlashDraftModel:
+    """A trained (or served) drafter of block-family `kind`, frozen, for decoding and export."""
+    require_checkpoint(path, kind)
     architectures = json.loads((path / "config.json").read_text(encoding="utf-8")).get("architectures") or []
     if not {"DFlashDraftModel", "Qwen3DSparkModel"} & set(architectures):  # trained / served (DFlash or DSpark)
         raise DraftlineError(f"{path}/config.json is not a DFlash drafter (architectures={architectures}); "
-                             "re-run `dvc repro train_block`")
-    model = load_pretrained(DFlashDraftModel.from_pretrained, path, f"block drafter at {path}",
-                            "retrain it (`dvc repro train_block`)", use_safetensors=True, dtype=dtype)
+                             f"re-run `dvc repro train_{kind}`")
+    model = load_pretrained(DFlashDraftModel.from_pretrained, path, f"{kind} drafter at {path}",
+                            f"retrain it (`dvc repro train_{kind}`)", use_safetensors=True, dtype=dtype)
     return model.eval().requires_grad_(False)
 
 

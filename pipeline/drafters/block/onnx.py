@@ -165,7 +165,7 @@ def _chunks(total: int, steps: int, prefill: int) -> list[tuple[int, int]]:
 def graph(job: OnnxJob) -> tuple[nn.Module, IOSpec]:
     """The trained drafter (its own config: the served one names model_type qwen3 for the serving
     stacks) with the verifier's embedding and LM head."""
-    model = load_drafter(job.drafter_dir).float()
+    model = load_drafter(job.drafter_dir, job.kind).float()
     wrapper = BlockDraftWrapper(model, job.verifier.get_input_embeddings(), job.verifier.get_output_embeddings())
     return wrapper.eval(), io_spec(model, job.verifier.config.get_text_config().vocab_size)
 
@@ -262,11 +262,11 @@ class OnnxBlockDrafter:
         return torch.from_numpy(outputs["logits"][0]), None if hidden is None else torch.from_numpy(hidden[0])
 
 
-def load_onnx_drafter(export_dir: Path, denoise_steps: int = 1,
+def load_onnx_drafter(export_dir: Path, kind: str, denoise_steps: int = 1,
                       providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> OnnxBlockDrafter:
     if denoise_steps != 1:
-        raise DraftlineError(f"the ONNX block drafter runs one DFlash pass per block; set evaluate.denoise_steps: 1 "
+        raise DraftlineError(f"the ONNX {kind} drafter runs one DFlash pass per block; set evaluate.denoise_steps: 1 "
                              f"(got {denoise_steps}) or evaluate.backend: torch")
-    session, spec = read_export(export_dir, "block", providers)
+    session, spec = read_export(export_dir, kind, providers)
     # the fusing projection (fc, hidden_norm) runs in PyTorch from the served checkpoint
-    return OnnxBlockDrafter(session, spec, load_drafter(Path(export_dir) / "serving"))
+    return OnnxBlockDrafter(session, spec, load_drafter(Path(export_dir) / "serving", kind))

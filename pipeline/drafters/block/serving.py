@@ -80,8 +80,8 @@ def served_config(config: dict) -> dict:
     is that id, and SGLang / TensorRT-LLM would silently drop the tensor.
     """
     if config.get("mask_mode") == "learned" or config["dflash_config"].get("mask_token_id") is None:
-        raise DraftlineError("block drafter was trained with a learned mask embedding (train.block.mask: learned), "
-                             "which vLLM, SGLang and TensorRT-LLM cannot load; retrain with train.block.mask: auto "
+        raise DraftlineError("the drafter was trained with a learned mask embedding (its train section's mask: "
+                             "learned), which vLLM, SGLang and TensorRT-LLM cannot load; retrain with mask: auto "
                              "(a vocabulary id chosen by rule) to export it for serving")
     dspark = is_dspark(config)
     # a plain DFlash export carries no DSpark keys, so it reads exactly as before the variant existed
@@ -237,6 +237,6 @@ let the confidence head shorten verification.
 
 No launch snippet: this project has not checked a DSpark loader in either. Their DFlash loaders
 (`DFLASH`, `DFlashDecodingConfig`) would load the backbone and drop the Markov head: lossless, but
-drafting as plain DFlash. Train with `train.block.markov_rank: 0` for a DFlash export they load.
+drafting as plain DFlash. The plain block drafter's export (`method: dflash`) is the one they load.
 """
     return Launch(markdown, speculative, "draft-dspark")

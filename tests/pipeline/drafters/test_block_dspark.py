@@ -15,6 +15,7 @@ from pipeline.config.sampling_config import SamplingConfig
 from pipeline.config.schema import parse_all
 from pipeline.drafters.block.anchors import block_targets
 from pipeline.drafters.block.config import BlockDrafterConfig
+from pipeline.drafters.dspark.config import DSparkDrafterConfig
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.lightning import VerifierTargets, block_signals
 from pipeline.drafters.block.losses import acceptance_rate, position_weights
@@ -114,7 +115,7 @@ def test_training_reaches_the_markov_head_and_the_confidence_head_learns_accepta
     """One batch through block_signals: the Markov weights get gradients from the drafting loss; the
     confidence term (BCE against Σ min(p, q)) reaches its head and the Markov embedding, never the
     drafter's layers, so calibrating it cannot make drafting worse."""
-    cfg = BlockDrafterConfig(block_size=BLOCK, num_layers=1, target_layer_ids=[0, 2], markov_rank=6,
+    cfg = DSparkDrafterConfig(block_size=BLOCK, num_layers=1, target_layer_ids=[0, 2], markov_rank=6,
                              confidence_head=True, anchors_per_sequence="all")
     from pipeline.drafters.block.model import drafter_config
 
@@ -171,10 +172,16 @@ def test_dspark_greedy_output_equals_the_verifiers(verifier, threshold):
         assert all(step.drafted <= BLOCK - 1 for step in got.steps)
 
 
-def test_params_refuse_a_confidence_head_without_a_markov_head_and_denoising_a_dspark_block(verifier):
-    with pytest.raises(ParamsError, match="train.block.*confidence_head: true needs markov_rank > 0") as caught:
-        parse_all({"train": {"block": {"confidence_head": True}}})
-    assert "\n" not in str(caught.value)
-    parse_all({"train": {"block": {"confidence_head": True, "markov_rank": 16}}, "evaluate": {"confidence_threshold": 0.2}})
+def test_dspark_heads_belong_to_the_dspark_kind_and_a_dspark_block_is_not_denoised(verifier):
+    for heads in ({"confidence_head": True}, {"markov_rank": 16}):
+        with pytest.raises(ParamsError, match="train.block: markov_rank / confidence_head are the DSpark kind's: "
+                                              "set them under train.dspark") as caught:
+            parse_all({"train": {"block": heads}})
+        assert "\n" not in str(caught.value)
+    with pytest.raises(ParamsError, match="train.dspark.markov_rank"):
+        parse_all({"train": {"dspark": {"markov_rank": 0}}})
+    params = parse_all({"train": {"dspark": {"markov_rank": 16}}, "evaluate": {"confidence_threshold": 0.2}})
+    assert params.train.dspark.confidence_head and not params.train.dspark.loss.greedy_chain
+    assert params.train.block.markov_rank == 0 and params.train.block.loss.greedy_chain
     with pytest.raises(DraftlineError, match="evaluate.denoise_steps: 1"):
         BlockDrafter(block_model(verifier, BLOCK, markov_rank=4), verifier, denoise_steps=2)

@@ -37,11 +37,11 @@ def test_full_vocabulary_gets_its_rarest_ordinary_id(llama):
     assert tokenizer.mask_token_id is None and tokenizer.unk_token_id is None
     # 3..6 never occur, every other id twice: the lowest of the rarest wins
     seen = [i for i in list(range(3, vocab)) * 2 if i not in (3, 4, 5, 6)]
-    choice = resolve_mask("auto", verifier, tokenizer, corpus_of([seen, [0, 1, 2, 2, 1, 0]]))
+    choice = resolve_mask("auto", verifier, tokenizer, corpus_of([seen, [0, 1, 2, 2, 1, 0]]), "block")
     assert choice.token_id == 3 and "rarest id in the training corpus, 0 occurrences" in choice.rule
     # the special ids are never chosen, however rare: bos, eos and the end-of-turn id of generation_config
     everything_but_specials = corpus_of([list(range(3, vocab)) * 2])
-    assert resolve_mask("auto", verifier, tokenizer, everything_but_specials).token_id not in (0, 1, 2)
+    assert resolve_mask("auto", verifier, tokenizer, everything_but_specials, "block").token_id not in (0, 1, 2)
     assert stop_token_ids(verifier.generation_config, tokenizer) == [1, 2]
 
 
@@ -66,13 +66,13 @@ def test_spare_special_ids_come_first():
 def test_token_mode_without_a_mask_token_is_one_line(llama):
     verifier, tokenizer = llama
     with pytest.raises(DraftlineError, match="no mask token; set train.block.mask to 'auto'"):
-        resolve_mask("token", verifier, tokenizer, corpus_of([]))
-    assert resolve_mask("learned", verifier, tokenizer, corpus_of([])) is None
+        resolve_mask("token", verifier, tokenizer, corpus_of([]), "block")
+    assert resolve_mask("learned", verifier, tokenizer, corpus_of([]), "block") is None
 
 
 def test_auto_mask_drafter_is_servable_and_says_its_rule(llama, tmp_path):
     verifier, tokenizer = llama
-    choice = resolve_mask("auto", verifier, tokenizer, corpus_of([list(range(3, 40))]))
+    choice = resolve_mask("auto", verifier, tokenizer, corpus_of([list(range(3, 40))]), "block")
     drafter = build_drafter(verifier, BlockDrafterConfig(block_size=4, num_layers=1), choice.token_id, choice.rule)
     drafter.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)

@@ -29,7 +29,7 @@ def repo_with_ar2(tmp_path_factory) -> Path:
     registry = repo / "pipeline" / "drafters" / "registry.py"
     ar_import = "from pipeline.drafters.ar.spec import AR\n"
     text = registry.read_text().replace(ar_import, ar_import + "from pipeline.drafters.ar2.spec import AR as AR2\n")
-    registry.write_text(text.replace("(AR, BLOCK, EAGLE3)", "(AR, BLOCK, EAGLE3, AR2)"))
+    registry.write_text(text.replace("(AR, BLOCK, DSPARK, EAGLE3)", "(AR, BLOCK, DSPARK, EAGLE3, AR2)"))
     return repo
 
 
@@ -56,7 +56,7 @@ def test_schema_and_params_check_take_the_new_section(repo_with_ar2):
 
 def test_cli_offers_the_new_kind(repo_with_ar2):
     assert "ar2" in _python(repo_with_ar2, "-m", "pipeline.cli", "train", "--help").stdout
-    assert "--drafter ar|block|eagle3|ar2" in _python(repo_with_ar2, "-m", "pipeline.cli", "--help").stdout
+    assert "--drafter ar|block|dspark|eagle3|ar2" in _python(repo_with_ar2, "-m", "pipeline.cli", "--help").stdout
 
 
 def test_generated_pipeline_trains_and_reads_the_new_kind(repo_with_ar2):
