@@ -43,6 +43,10 @@ class Terminated(KeyboardInterrupt):
         self.signum = int(signum)
 
 
+# torch.save's C++ writer on a failed write (a full disk, seen as "unexpected pos 576 vs 534"): it drops the errno
+TORCH_WRITER_FAILED = re.compile(r"inline_container\.cc.*(unexpected pos|failed writing)|PytorchStreamWriter failed writing")
+
+
 def os_error_behind(error: BaseException | None, where: str | os.PathLike | None = None) -> OSError | None:
     """The OSError behind a library's own exception type: in its cause/context chain, or rebuilt from a message
     that reports it only in words (safetensors: "I/O error: No space left on device (os error 28)"; C++ writers:
@@ -61,6 +65,9 @@ def os_error_behind(error: BaseException | None, where: str | os.PathLike | None
             return OSError(code, os.strerror(code), None if where is None else str(where))
         if "No space left on device" in text:
             return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), None if where is None else str(where))
+        if TORCH_WRITER_FAILED.search(text):
+            return OSError(errno.EIO, "torch's file writer failed and names no cause (most often a full disk: "
+                                      "check `df -h`)", None if where is None else str(where))
         error = error.__cause__ or error.__context__
     return None
 

@@ -151,6 +151,22 @@ def test_a_stage_dies_with_the_dvc_that_started_it(params, under_dvc):
             os.kill(stage_pid, signal.SIGKILL)
 
 
+def test_torch_saves_failed_write_is_one_line_naming_the_likely_cause(params, capsys, tmp_path):
+    """torch.save on a full disk (a DeepSpeed checkpoint, a features shard) raises a RuntimeError without the errno."""
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (not root): the real full-disk error cannot be made")
+    try:
+        def run(p, a):
+            torch.save({"w": torch.zeros(100_000)}, full / "x.ckpt")
+        code, err = _stage(params, run, capsys)
+    finally:
+        subprocess.run(["umount", str(full)], check=False)
+    assert code == 1 and err.startswith("draftline: error: an output of this stage: torch's file writer failed") \
+        and "df -h" in err and "\n" not in err.strip(), err
+
+
 def test_a_full_disk_behind_a_librarys_own_error_is_one_line(params, capsys):
     """safetensors reports a full disk as its own error type, in words: still the full-disk line, no traceback."""
     def run(p, a):

@@ -8,6 +8,8 @@ from pydantic import Field, StrictBool
 
 from pipeline.config.section import cross_check
 from pipeline.drafters.block.config import BlockFamilyConfig, BlockLossConfig, check_target_layers
+# every kind's config module names the verifier layers its drafter reads (pipeline/config/features_config.py)
+from pipeline.drafters.block.config import feature_layers  # noqa: F401  the block family's rule
 
 
 class DSparkDrafterConfig(BlockFamilyConfig):
