@@ -83,7 +83,7 @@ def merged(cfg: BlockFamilyConfig, overrides: dict) -> BlockFamilyConfig:
     data = cfg.model_dump()
     for key, value in overrides.items():
         data[key] = {**data[key], **value} if isinstance(value, dict) else value
-    return BlockFamilyConfig.model_validate(data)
+    return type(cfg).model_validate(data)
 
 
 def select_rows(corpus: DatasetDict, rows: str) -> DatasetDict:

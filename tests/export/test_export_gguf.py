@@ -21,23 +21,22 @@ from pipeline.config.export_config import GgufConfig
 from pipeline.drafters.kinds import KINDS
 from pipeline.errors import DraftlineError
 from pipeline.serving_venv import llamacpp_python
-from tests.support.decoding import block_model
 from tests.support.workspace import tiny_workspace
 
 pytestmark = pytest.mark.skipif(llamacpp_python() is None,
                                 reason="no .venv-llamacpp with llama.cpp's converter: `make serve-env` builds it")
 
-DSPARK = "block-dspark"  # the block kind's DSpark variant, exported as the block kind
 # The verifier `output_hidden_states` indices a trained checkpoint's config says the drafter reads (the code
 # that reads them: block `fuse_target_hidden` takes hidden_states[id + 1], eagle3 `aux_hidden` hidden_states[id]);
 # None: a plain causal LM, which reads no verifier layer.
 TRAINED_HIDDEN_STATES = {
     "ar": lambda config: None,
     "block": lambda config: [i + 1 for i in config["dflash_config"]["target_layer_ids"]],
+    "dspark": lambda config: [i + 1 for i in config["dflash_config"]["target_layer_ids"]],
     "eagle3": lambda config: list(config["eagle_aux_hidden_state_layer_ids"]),
 }
-ARCHITECTURE = {"ar": "qwen3", "block": "dflash", "eagle3": "eagle3", DSPARK: "dflash"}
-SPEC_TYPE = {"ar": "draft-simple", "block": "draft-dflash", "eagle3": "draft-eagle3", DSPARK: "draft-dspark"}
+ARCHITECTURE = {"ar": "qwen3", "block": "dflash", "dspark": "dflash", "eagle3": "eagle3"}
+SPEC_TYPE = {"ar": "draft-simple", "block": "draft-dflash", "dspark": "draft-dspark", "eagle3": "draft-eagle3"}
 READ_FIELDS = """
 import json, sys
 import gguf
@@ -61,43 +60,33 @@ def gguf_fields(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory) -> dict[str, Path]:
-    """{kind (and the DSpark variant): its export dir}, GGUF files written; the verifier GGUF beside them."""
+    """{kind: its export dir}, GGUF files written; the verifier GGUF beside them."""
     root = tiny_workspace(tmp_path_factory.mktemp("gguf"))
     artifacts = root / "artifacts"
     verifier_dir = artifacts / "verifier"
     tokenizer = AutoTokenizer.from_pretrained(verifier_dir)
-    dspark_dir = artifacts / "drafters" / DSPARK
-    shutil.copytree(artifacts / "drafters" / "block", dspark_dir)
-    from transformers import AutoModelForCausalLM
-    block_model(AutoModelForCausalLM.from_pretrained(verifier_dir), 4, markov_rank=8).save_pretrained(dspark_dir)
-    kinds = {**{name: name for name in KINDS}, DSPARK: "block"}
     config = GgufConfig()
     gguf_files.convert_verifier(verifier_dir, artifacts / "export", config)
     dirs = {}
-    for name, kind_name in kinds.items():
+    for name, kind in KINDS.items():
         out = artifacts / "export" / name
         out.mkdir(parents=True)
-        export_serving(KINDS[kind_name], artifacts / "drafters" / name, out, out, str(verifier_dir), tokenizer,
-                       artifacts)
-        gguf_files.convert_drafter(kind_name, out / "serving", out, verifier_dir, config)
+        export_serving(kind, artifacts / "drafters" / name, out, out, str(verifier_dir), tokenizer, artifacts)
+        gguf_files.convert_drafter(name, out / "serving", out, verifier_dir, config)
         dirs[name] = out
     return dirs
 
 
-def _kind(name: str) -> str:
-    return "block" if name == DSPARK else name
-
-
 def test_every_kind_converts_in_f32_and_q8_0(exports):
-    assert set(exports) == set(KINDS) | {DSPARK}
+    assert set(exports) == set(KINDS)
     for name, out in exports.items():
-        f32 = gguf_fields(out / gguf_files.drafter_gguf(_kind(name), "f32"))
-        q8 = gguf_fields(out / gguf_files.drafter_gguf(_kind(name), "q8_0"))
+        f32 = gguf_fields(out / gguf_files.drafter_gguf(name, "f32"))
+        q8 = gguf_fields(out / gguf_files.drafter_gguf(name, "q8_0"))
         assert f32["general.architecture"] == q8["general.architecture"] == ARCHITECTURE[name], name
         assert set(f32["tensors"].values()) <= {"F32", "I64"}, name  # I64: eagle3's d2t index map
         assert "Q8_0" in q8["tensors"].values(), name
         assert f32["tokenizer.ggml.pre"] == "gpt-2", name  # the demo-style tokenizer, recognised without a knob
-    dspark = gguf_fields(exports[DSPARK] / gguf_files.drafter_gguf("block"))
+    dspark = gguf_fields(exports["dspark"] / gguf_files.drafter_gguf("dspark"))
     assert any("markov" in tensor for tensor in dspark["tensors"]), "the DSpark Markov head was dropped"
 
 
@@ -106,8 +95,8 @@ def test_gguf_layer_ids_are_the_trained_ones(exports):
     assert set(TRAINED_HIDDEN_STATES) == set(KINDS), "a registered kind has no expectation here"
     for name, out in exports.items():
         trained = json.loads((out.parents[1] / "drafters" / name / "config.json").read_text())
-        fields = gguf_fields(out / gguf_files.drafter_gguf(_kind(name)))
-        expected = TRAINED_HIDDEN_STATES[_kind(name)](trained)
+        fields = gguf_fields(out / gguf_files.drafter_gguf(name))
+        expected = TRAINED_HIDDEN_STATES[name](trained)
         assert fields.get(f"{fields['general.architecture']}.target_layers") == expected, name
     block = json.loads((exports["block"].parents[1] / "drafters" / "block" / "config.json").read_text())
     assert block["dflash_config"]["target_layer_ids"] == [0, 3]  # so the +1 above is not vacuous
@@ -121,7 +110,7 @@ def test_manifest_ready_verifier_gguf_and_launch_line(exports):
         line = next(line for line in launch.splitlines() if line.startswith("llama-server "))
         argv = shlex.split(line)
         assert argv[argv.index("-m") + 1] == str(verifier_gguf.resolve())
-        assert Path(argv[argv.index("-md") + 1]) == (out / gguf_files.drafter_gguf(_kind(name))).resolve()
+        assert Path(argv[argv.index("-md") + 1]) == (out / gguf_files.drafter_gguf(name)).resolve()
         assert Path(argv[argv.index("-md") + 1]).is_file()
         assert argv[argv.index("--spec-type") + 1] == SPEC_TYPE[name]
         k = json.loads((out / "vllm.json").read_text())["speculative_config"]["num_speculative_tokens"]

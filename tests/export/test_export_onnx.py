@@ -45,23 +45,24 @@ def _ar_drafter(verifier, tokenizer, directory: Path) -> None:
     (directory / "training.json").write_text(json.dumps(training))
 
 
-def _block_drafter(tokenizer, directory: Path) -> None:
-    """The DSpark variant with a confidence head: its graph is the DFlash one plus the `hidden` output, so
-    this covers both, and the export writes (and checks) vLLM's DSpark layout."""
+def _block_drafter(tokenizer, directory: Path, kind: str) -> None:
+    """block: plain DFlash; dspark: with a Markov and a confidence head, whose graph is the DFlash one plus the
+    `hidden` output, and whose export writes (and checks) vLLM's DSpark layout."""
     from pipeline.drafters.block.model import DFlashConfig, DFlashDraftModel
 
     torch.manual_seed(2)
+    heads = dict(markov_rank=8, enable_confidence_head=True) if kind == "dspark" else {}
     config = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                           head_dim=8, intermediate_size=64, vocab_size=len(tokenizer), block_size=BLOCK_SIZE,
                           num_target_layers=4, dflash_config={"mask_token_id": tokenizer.mask_token_id,
-                                                              "target_layer_ids": [0, 2]},
-                          markov_rank=8, enable_confidence_head=True)
+                                                              "target_layer_ids": [0, 2]}, **heads)
     drafter = DFlashDraftModel(config)
-    with torch.no_grad():  # a Markov head that changes the drafts (a fresh one adds nothing)
-        drafter.markov_head.markov_w2.weight.normal_(0.0, 2.0)
+    if drafter.markov_head is not None:
+        with torch.no_grad():  # a Markov head that changes the drafts (a fresh one adds nothing)
+            drafter.markov_head.markov_w2.weight.normal_(0.0, 2.0)
     drafter.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    (directory / "training.json").write_text(json.dumps({"kind": "block", "lineage": {"verifier_id": "tiny"}}))
+    (directory / "training.json").write_text(json.dumps({"kind": kind, "lineage": {"verifier_id": "tiny"}}))
 
 
 def write_artifacts(root: Path, tiny_verifier_dir: Path) -> None:
@@ -72,7 +73,8 @@ def write_artifacts(root: Path, tiny_verifier_dir: Path) -> None:
     verifier = AutoModelForCausalLM.from_pretrained(verifier_dir)
     _corpus(tokenizer, root / "corpus")
     _ar_drafter(verifier, tokenizer, root / "drafters" / "ar")
-    _block_drafter(tokenizer, root / "drafters" / "block")
+    for kind in ("block", "dspark"):
+        _block_drafter(tokenizer, root / "drafters" / kind, kind)
     save_tiny_eagle3(verifier, tokenizer, root / "drafters" / "eagle3", draft_vocab_size=200)
 
 
@@ -97,7 +99,7 @@ def exported(tmp_path_factory, tiny_verifier_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["ar", "block", "eagle3"])
+@pytest.mark.parametrize("kind", ["ar", "block", "dspark", "eagle3"])
 def test_parity_one_step_and_twenty_cached_steps(exported, kind):
     report = json.loads((exported / "export" / kind / "parity.json").read_text())
     assert report["passed"] and report["atol"] == 1e-4
@@ -113,7 +115,7 @@ def test_parity_one_step_and_twenty_cached_steps(exported, kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["ar", "block", "eagle3"])
+@pytest.mark.parametrize("kind", ["ar", "block", "dspark", "eagle3"])
 def test_manifest_hashes_and_io(exported, kind, tiny_verifier_dir):
     out = exported / "export" / kind
     manifest = json.loads((out / "manifest.json").read_text())
@@ -149,7 +151,7 @@ def test_onnx_graph_has_dynamic_axes(exported):
     assert dims["past_key.0"][0] == "batch" and dims["past_key.0"][2] == "past"
 
 
-@pytest.mark.parametrize("kind", ["ar", "block", "eagle3"])
+@pytest.mark.parametrize("kind", ["ar", "block", "dspark", "eagle3"])
 def test_onnx_file_names_no_checkout_path(exported, kind):
     """Two clones exporting the same weights must write the same bytes: no source paths in the graph."""
     checkout = str(Path(__file__).resolve().parents[2])
@@ -190,15 +192,16 @@ def test_onnx_backend_crop_and_missing_export(exported, tmp_path):
 
 
 @pytest.mark.slow
-def test_onnx_block_backend_matches_torch(exported):
+def test_onnx_dspark_backend_matches_torch(exported):
+    """The DSpark drafter: the DFlash graph plus its `hidden` output, with the served heads run after it."""
     from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
     from pipeline.drafters.block.model import load_drafter
     from pipeline.drafters.block.onnx import load_onnx_drafter
     from pipeline.drafters.speculative_loop import decode
 
     verifier = AutoModelForCausalLM.from_pretrained(exported / "verifier").eval()
-    torch_drafter = BlockDrafter(load_drafter(exported / "drafters" / "block", "block"), verifier)
-    onnx_drafter = load_onnx_drafter(exported / "export" / "block", "block")
+    torch_drafter = BlockDrafter(load_drafter(exported / "drafters" / "dspark", "dspark"), verifier)
+    onnx_drafter = load_onnx_drafter(exported / "export" / "dspark", "dspark")
     assert onnx_drafter.block_size == BLOCK_SIZE
 
     tokens = [5, 17, 30, 41, 8, 99, 120, 7, 64, 33, 2, 81]

@@ -100,7 +100,7 @@ def test_learned_mask_is_refused_for_serving(tmp_path, tokenizer):
     directory = tmp_path / "learned"
     _save_block_drafter(directory, tokenizer, mask_mode="learned",
                         dflash_config={"mask_token_id": None, "target_layer_ids": [0, 2]})
-    with pytest.raises(DraftlineError, match="learned mask embedding.*train.block.mask: auto") as caught:
+    with pytest.raises(DraftlineError, match="learned mask embedding.*retrain with mask: auto") as caught:
         write_served_config(directory)
     assert "\n" not in str(caught.value)
 

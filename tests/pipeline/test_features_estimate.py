@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
+from pipeline.drafters.registry import KIND_SPECS
 
 # a 4-layer x 64 verifier: ar stores layer 4; block 3 and 4; eagle3 (aux 1, 2, 3) and all kinds 1..4
 CONFIG = {"model_type": "qwen3", "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 100}
@@ -18,7 +19,7 @@ CONFIG = {"model_type": "qwen3", "num_hidden_layers": 4, "hidden_size": 64, "voc
 @pytest.fixture
 def project(tmp_path) -> Path:
     params = {"features": {"max_seq_len": 50},
-              "train": {kind: {"trainer": {"max_seq_len": 50}} for kind in ("ar", "block", "eagle3")}}
+              "train": {kind: {"trainer": {"max_seq_len": 50}} for kind in KIND_SPECS}}
     (tmp_path / "params.yaml").write_text(json.dumps(params))  # YAML reads JSON
     (tmp_path / "verifier").mkdir()
     (tmp_path / "verifier" / "config.json").write_text(json.dumps(CONFIG))
@@ -44,8 +45,9 @@ def test_bytes_per_token_and_total_per_dtype(project, capsys):
     # a token: its 8-byte id and 64 states a layer; e4m3 adds a 4-byte scale a layer
     assert rows["ar"] == ["4", "264 B = 257.8 KiB", "136 B = 132.8 KiB", "136 B = 132.8 KiB", "76 B = 74.2 KiB"]
     assert rows["block"][:2] == ["3,4", "520 B = 507.8 KiB"]
-    assert rows["ar+block+eagle3 (params)"] == ["1,2,3,4", "1,032 B = 1007.8 KiB", "520 B = 507.8 KiB",
-                                                 "520 B = 507.8 KiB", "280 B = 273.4 KiB"]
+    assert rows["dspark"] == rows["block"]  # the same DFlash pass reads the same layers
+    assert rows["ar+block+dspark+eagle3 (params)"] == ["1,2,3,4", "1,032 B = 1007.8 KiB", "520 B = 507.8 KiB",
+                                                        "520 B = 507.8 KiB", "280 B = 273.4 KiB"]
 
 
 def test_tokens_from_a_corpus_stats_json_are_cut_at_max_seq_len(project, capsys):

@@ -174,7 +174,7 @@ def test_dvc_paths_follow_the_params_that_move_them(tmp_path):
     tracked |= {str(dep.def_path) for stage in stages.values() for dep in stage.deps if str(dep.def_path).startswith("run/")}
     assert all(path.startswith("run/") for path in tracked if not path.endswith(".py")), sorted(tracked)
     paths = ArtifactPaths.from_params(Params.model_validate({"project": project}))
-    for kind in ("ar", "block", "eagle3"):
+    for kind in KIND_SPECS:
         for expected in (paths.drafter(kind), paths.checkpoints(kind)):
             assert expected.as_posix() in tracked, expected
     for expected in (paths.verifier, paths.corpus, paths.corpus_shards, paths.metrics / "eval.json",

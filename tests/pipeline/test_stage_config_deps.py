@@ -63,7 +63,7 @@ def recorded_repo(tmp_path_factory) -> Path:
     ("pipeline/drafters/eagle3/config.py", "training-time test: the head", "training-time test: the EAGLE-3 head",
      # the kind's config module is also its model code's (export, evaluate and serve_check build the drafter),
      # and names the verifier layers extract_features stores for it
-     {"extract_features", "train_ar", "train_block", "train_eagle3", "export", "evaluate", "serve_check"}),
+     {"extract_features", "train_ar", "train_block", "train_dspark", "train_eagle3", "export", "evaluate", "serve_check"}),
 ])
 def test_a_schema_edit_marks_only_the_stages_that_read_it(recorded_repo, module, old, new, stages):
     path = recorded_repo / module

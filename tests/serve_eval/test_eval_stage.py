@@ -20,7 +20,7 @@ def test_evaluate_writes_contract_metrics_and_plots(tiny_workspace, monkeypatch)
     report = json.loads((tiny_workspace / "metrics" / "eval.json").read_text())
     assert set(report["verifier"]) == {"id", "hash"} and report["corpus_hash"]
     assert report["library_versions"]["torch"] == torch.__version__
-    assert set(report["drafters"]) == {"ar", "block", "eagle3"}
+    assert set(report["drafters"]) == {"ar", "block", "dspark", "eagle3"}
     for kind, entry in report["drafters"].items():
         assert entry["backend"] == "torch"
         # bound to what it measured: promotion recomputes this hash and refuses on a difference

@@ -80,11 +80,16 @@ def save_block(verifier, tokenizer, directory: Path) -> None:
     tokenizer.save_pretrained(directory)
 
 
+def save_dspark(verifier, tokenizer, directory: Path) -> None:
+    block_model(verifier, 4, markov_rank=4, confidence=True).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
 def save_eagle3(verifier, tokenizer, directory: Path) -> None:
     save_tiny_eagle3(verifier, tokenizer, directory, draft_tokens=3, draft_vocab_size=200)
 
 
-TINY_DRAFTERS = {"ar": save_ar, "block": save_block, "eagle3": save_eagle3}
+TINY_DRAFTERS = {"ar": save_ar, "block": save_block, "dspark": save_dspark, "eagle3": save_eagle3}
 """How to save a tiny drafter of each kind; a registered kind missing here fails `tiny_workspace` by name."""
 
 
