@@ -14,6 +14,7 @@ comparison and pass rule (`pipeline/serving_rule.py`) apply unchanged.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 import urllib.error
@@ -37,6 +38,18 @@ COUNTERS = {"llamacpp:spec_decode_num_drafts_total": "vllm:spec_decode_num_draft
             "llamacpp:spec_decode_num_accepted_tokens_total": "vllm:spec_decode_num_accepted_tokens"}
 PER_POSITION_COUNTER = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
 SPECULATIVE_FLAGS = ("-md", "--spec-type", "--spec-draft-n-max", "--spec-draft-sampling")  # each takes a value
+# llama.cpp's fatal line (GGML_ABORT / GGML_ASSERT: "<source file>:<line>: <what>"); the gdb backtrace it prints
+# next ends with "[Inferior 1 (process N) detached]", which names nothing
+FATAL_LINE = re.compile(r"[\w./-]+\.(?:c|cc|cpp|h):\d+: \S.*")
+
+
+def engine_error_line(log: Path) -> str:
+    """Why llama-server stopped: its fatal line when it aborted, else the first error line of the log."""
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        fatal = FATAL_LINE.search(line)
+        if fatal:
+            return f"llama-server aborted: {fatal.group(0).strip()}"
+    return first_error_line(log)
 
 
 def launch_arguments(export_dir: Path) -> list[str]:
@@ -109,7 +122,7 @@ def serve(python: Path, argv: list[str], port: int, job: dict, log: Path, timeou
             runs = {spec["name"]: {domain: run_domain(base, prompts, spec, job, timeout_s, complete, read_counters)
                                    for domain, prompts in job["prompts"].items()} for spec in job["runs"]}
     except (DraftlineError, urllib.error.URLError, OSError, KeyError) as error:
-        return {"error": first_error_line(log) if log.is_file() else str(error), "log": str(log)}
+        return {"error": engine_error_line(log) if log.is_file() else str(error), "log": str(log)}
     return {"error": None, "engine_start_s": engine_start_s, "runs": runs, "log": str(log)}
 
 

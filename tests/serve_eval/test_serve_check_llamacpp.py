@@ -20,7 +20,7 @@ from pipeline.paths import ArtifactPaths
 from pipeline.serving_rule import domain_failures
 from pipeline.serving_venv import llamacpp_python
 from pipeline.verifier_record import write_record
-from serve_eval import llamacpp_engine, serve_check
+from serve_eval import launch_check, llamacpp_engine, serve_check
 from tests.support.tiny_models import fit_block, save_tiny_eagle3, tiny_qwen3
 from tests.support.workspace import corpus_rows, write_verifier
 
@@ -116,6 +116,20 @@ def test_q8_0_drafter_is_lossless_with_its_tau_recorded(served):
         for record in q8["domains"].values():
             assert record["single"]["outputs_identical"] and record["batched"]["outputs_identical"]
             assert record["single"]["vllm"]["tau"] >= 1.0
+
+
+def test_an_aborted_server_is_named_by_its_fatal_line_not_the_backtrace(tmp_path):
+    """llama.cpp 11549 aborting under parallel DFlash drafts, as logged in a demo run (abridged)."""
+    log = tmp_path / "block.llamacpp.log"
+    log.write_text("0.01.972.207 I slot      release: id  1 | task 300 | stop processing: n_tokens = 79\n"
+                   "/workspace/thirdparty/llama.cpp/common/common.cpp:2245: get_sub_batch: failed to add token "
+                   "1080055774 at index 6 (error -2, n = 14)\n[New LWP 7197]\n#29 0x000055bd88b7a081 in _start ()\n"
+                   "[Inferior 1 (process 7196) detached]\n")
+    assert llamacpp_engine.engine_error_line(log) == (
+        "llama-server aborted: /workspace/thirdparty/llama.cpp/common/common.cpp:2245: get_sub_batch: failed to add "
+        "token 1080055774 at index 6 (error -2, n = 14)")
+    log.write_text("main: loading model\nerror: unknown argument: --spec-type\n")
+    assert llamacpp_engine.engine_error_line(log) == launch_check.first_error_line(log)
 
 
 def test_launch_line_without_speculation_is_the_reference():
