@@ -28,8 +28,9 @@ SPEED = {  # sizes only: nothing here is needed for the pipeline to work on this
     "corpus": {"max_new_tokens": 24, "batch_size": 8},
     "train": {"ar": {"trainer": {"max_steps": 20, "val_every_n_steps": 10, "checkpoint_every_n_steps": 10,
                                  "batch_size": 8}},
-              "block": {"block_size": 4, "num_layers": 1, "decode_prompts": 1,
-                        "trainer": {"epochs": 2, "val_every_n_steps": 20, "checkpoint_every_n_steps": 20}}},
+              **{kind: {"block_size": 4, "num_layers": 1, "decode_prompts": 1,
+                        "trainer": {"epochs": 2, "val_every_n_steps": 20, "checkpoint_every_n_steps": 20}}
+                 for kind in ("block", "dspark")}},
     "export": {"parity_steps": 3, "parity_prompts": 1},
     "evaluate": {"prompts_per_domain": 3, "max_new_tokens": 16, "temperatures": [0.0], "peer_baseline": False},
     "serve_check": {"prompts_per_domain": 2, "max_new_tokens": 16},

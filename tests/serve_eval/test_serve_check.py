@@ -346,12 +346,13 @@ def served(tmp_path_factory):
     tokenizer.save_pretrained(paths.drafter("ar"))
     (paths.drafter("ar") / "training.json").write_text(json.dumps({"kind": "ar", "draft_tokens": K}))
     torch.manual_seed(2)
-    block = DFlashConfig(hidden_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=32, intermediate_size=256, vocab_size=len(tokenizer), block_size=K + 1,
-                         num_target_layers=4, dflash_config={"mask_token_id": tokenizer.mask_token_id,
-                                                             "target_layer_ids": [0, 2]})
-    DFlashDraftModel(block).save_pretrained(paths.drafter("block"))
-    tokenizer.save_pretrained(paths.drafter("block"))
+    block = dict(hidden_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                 intermediate_size=256, vocab_size=len(tokenizer), block_size=K + 1, num_target_layers=4,
+                 dflash_config={"mask_token_id": tokenizer.mask_token_id, "target_layer_ids": [0, 2]})
+    # DSpark: vLLM's CPU build refuses `method: dspark`, which serve_check records as skipped
+    for kind, heads in (("block", {}), ("dspark", {"markov_rank": 8, "enable_confidence_head": True})):
+        DFlashDraftModel(DFlashConfig(**block, **heads)).save_pretrained(paths.drafter(kind))
+        tokenizer.save_pretrained(paths.drafter(kind))
     # EAGLE-3 head fitted to these prompts, over a reduced draft vocabulary (vLLM then loads d2t)
     save_tiny_eagle3(verifier, tokenizer, paths.drafter("eagle3"), draft_tokens=K, draft_vocab_size=200,
                      fit_prompts=prompt_ids(tokenizer), fit_steps=40)
@@ -386,6 +387,8 @@ def test_exported_drafters_load_in_vllm_with_identical_output(served):
                 assert run["vllm"]["num_drafts"] > 0 and run["vllm"]["num_draft_tokens"] == K * run["vllm"]["num_drafts"]
     assert set(report["drafters"]["ar"]["domains"]) == {"code", "text"}
     assert (paths.root / "serve_check" / "block.log").is_file()
+    dspark = report["drafters"]["dspark"]
+    assert dspark["status"] == "skipped" and "does not support: dspark" in dspark["reason"], dspark
 
 
 @pytest.mark.slow
