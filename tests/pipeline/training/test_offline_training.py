@@ -25,8 +25,10 @@ STEPS = 8
 KINDS = {
     "ar": {"num_layers": 1, "num_heads": 4, "num_kv_heads": 2, "loss": {"fkl": 1.0, "ce": 0.1}},
     # fkl and the DSpark heads read the verifier's logits as well as its argmax
-    "block": {"block_size": 4, "num_layers": 1, "anchors_per_sequence": 6, "markov_rank": 8, "confidence_head": True,
-              "loss": {"ce": 1.0, "fkl": 0.5}, "decode_prompts": 2},
+    "block": {"block_size": 4, "num_layers": 1, "anchors_per_sequence": 6, "loss": {"ce": 1.0, "fkl": 0.5},
+              "decode_prompts": 2},
+    "dspark": {"block_size": 4, "num_layers": 1, "anchors_per_sequence": 6, "markov_rank": 8, "confidence_head": True,
+               "loss": {"ce": 1.0, "fkl": 0.5}, "decode_prompts": 2},
     "eagle3": {"ttt_steps": 2, "draft_tokens": 2, "draft_vocab_size": 120, "loss": {"ce": 0.5, "fkl": 1.0},
                "decode_prompts": 2},
 }
