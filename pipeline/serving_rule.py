@@ -79,3 +79,26 @@ def domain_failures(record: dict, max_tau_gap: float, max_batch_tau_gap: float, 
             reasons.append(f"vLLM {name} tau {tau:.3f} vs draftline tau {ours:.3f}: gap {relative_gap(tau, ours):.1%} "
                            f"> serve_check.max_tau_gap {max_tau_gap:.0%}")
     return reasons + (sampled_gaps(record, sampled_z) if gate_sampled else [])
+
+
+# Rejection sampling over the full draft distribution accepts every token a model drafts for itself; an engine that
+# rejects more than this share of its verifier's own drafts at some temperature samples drafts its own way, so its
+# sampled τ is not the τ of draftline's algorithm (llama.cpp 11549 drafts from the drafter's top 10: 0.48 accepted
+# at T=0.8 on the demo verifier, serve_eval/repro/llamacpp_sampled_acceptance.py)
+SELF_DRAFT_MIN_ACCEPTANCE = 0.9
+
+
+def sampled_verification_defect(self_test: object) -> str | None:
+    """Why an engine's sampled τ is not comparable with draftline's: its verifier drafting for itself at some sampled
+    temperature had under SELF_DRAFT_MIN_ACCEPTANCE of its drafts accepted (recomputed from the recorded counts).
+    None when the self-test passed, did not run, or recorded nothing readable: then sampled τ is gated."""
+    if not isinstance(self_test, dict):
+        return None
+    for name, counts in sorted(self_test.items()):
+        drafted = counts.get("drafted") if isinstance(counts, dict) else None
+        accepted = counts.get("accepted") if isinstance(counts, dict) else None
+        if _finite(drafted) and _finite(accepted) and drafted > 0 and 0 <= accepted <= drafted \
+                and accepted / drafted < SELF_DRAFT_MIN_ACCEPTANCE:
+            return (f"its verifier drafting for itself had {accepted:g} of {drafted:g} drafts accepted at {name} "
+                    f"(rejection sampling accepts all; < {SELF_DRAFT_MIN_ACCEPTANCE:g})")
+    return None

@@ -26,8 +26,9 @@ from export.launch_files import LAUNCH_NAME
 from pipeline.errors import DraftlineError
 from pipeline.lineage import read_json
 from pipeline.llamacpp_launch import SERVER
-from pipeline.progress import info
+from pipeline.progress import info, warn
 from pipeline.server_process import free_port, running_server
+from pipeline.serving_rule import sampled_verification_defect
 from pipeline.serving_venv import llamacpp_python
 from serve_eval.launch_check import first_error_line, parse_counters, run_domain
 from serve_eval.serve_check import check_drafter, draftline_runs, engine_job
@@ -37,6 +38,8 @@ COUNTERS = {"llamacpp:spec_decode_num_drafts_total": "vllm:spec_decode_num_draft
             "llamacpp:spec_decode_num_draft_tokens_total": "vllm:spec_decode_num_draft_tokens",
             "llamacpp:spec_decode_num_accepted_tokens_total": "vllm:spec_decode_num_accepted_tokens"}
 PER_POSITION_COUNTER = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+DRAFT_TOKENS, ACCEPTED_TOKENS = COUNTERS["llamacpp:spec_decode_num_draft_tokens_total"], \
+    COUNTERS["llamacpp:spec_decode_num_accepted_tokens_total"]
 SPECULATIVE_FLAGS = ("-md", "--spec-type", "--spec-draft-n-max", "--spec-draft-sampling")  # each takes a value
 # llama.cpp's fatal line (GGML_ABORT / GGML_ASSERT: "<source file>:<line>: <what>"); the gdb backtrace it prints
 # next ends with "[Inferior 1 (process N) detached]", which names nothing
@@ -82,6 +85,12 @@ def without_speculation(arguments: list[str]) -> list[str]:
 
 def with_drafter(arguments: list[str], drafter: Path) -> list[str]:
     return [str(drafter) if i and arguments[i - 1] == "-md" else a for i, a in enumerate(arguments)]
+
+
+def self_drafting(arguments: list[str]) -> list[str]:
+    """The same server with the verifier as its own draft model (a plain draft model: draft-simple)."""
+    drafted = with_drafter(arguments, Path(arguments[arguments.index("-m") + 1]))
+    return ["draft-simple" if i and drafted[i - 1] == "--spec-type" else a for i, a in enumerate(drafted)]
 
 
 def draft_max(arguments: list[str]) -> int:
@@ -164,6 +173,15 @@ def check(params, paths, prompts: dict, log_dir: Path) -> tuple[dict, dict]:
                      baseline_job, log_dir / "llamacpp-baseline.log", config.engine_timeout_s)
     report["baseline"] = {"command": shlex.join([SERVER, *reference]), "error": baseline.get("error"),
                           "log": baseline.get("log")}
+    report["sampled_self_test"] = sampled_self_test(python, next(iter(arguments.values())), prompts, params,
+                                                    log_dir / "llamacpp-self-draft.log")
+    defect = sampled_verification_defect(report["sampled_self_test"])
+    if defect:
+        # the engine's own way of sampling drafts, shown with a perfect drafter: its sampled τ is recorded and warned
+        # about, not held against the drafters (promote rederives this from the same recorded counts)
+        warn(f"serve_check: llama.cpp's sampled speculation is not draftline's: {defect}; its sampled tau is "
+             "recorded, not gated")
+        params = params.model_copy(update={"serve_check": config.model_copy(update={"gate_sampled": False})})
     generations = draftline_runs(params, paths, list(arguments), prompts)
     for kind in kinds:
         if kind not in arguments:
@@ -174,6 +192,25 @@ def check(params, paths, prompts: dict, log_dir: Path) -> tuple[dict, dict]:
         info(f"serve_check: llama.cpp, {kind} drafter: {summary(report['drafters'][kind])}")
     report["wall_s"] = time.perf_counter() - started
     return report, generations
+
+
+def sampled_self_test(python: Path, arguments: list[str], prompts: dict, params, log: Path) -> dict:
+    """{run name: {"drafted", "accepted"}} of the verifier drafting for itself at every evaluate T > 0 (the sampled
+    runs serve_check makes), or {"error": ...}: what the engine's sampled verification does with no drafter of ours."""
+    config = params.serve_check
+    own = self_drafting(arguments)
+    job = engine_job(own[own.index("-m") + 1], {"num_speculative_tokens": draft_max(own)}, prompts, params)
+    job["runs"] = [run for run in job["runs"] if run["temperature"] > 0]
+    if not job["runs"]:
+        return {}
+    port = free_port()
+    result = serve(python, server_argv(python, own, port, job, config.concurrency), port, job, log,
+                   config.engine_timeout_s)
+    if result["error"]:
+        return {"error": result["error"]}
+    return {name: {"drafted": sum(run["counters"][DRAFT_TOKENS] for run in domains.values()),
+                   "accepted": sum(run["counters"][ACCEPTED_TOKENS] for run in domains.values())}
+            for name, domains in result["runs"].items()}
 
 
 def check_kind(python: Path, kind: str, arguments: list[str], baseline: dict, generations: dict | None, params,

@@ -72,7 +72,7 @@ from pipeline.promote.model_registry import (
     tag_key,
     verdict_tags,
 )
-from pipeline.serving_rule import domain_failures
+from pipeline.serving_rule import domain_failures, sampled_verification_defect
 from pipeline.tracking import TAG_MODEL_IDENTITY, TAG_STAGE, checked_tracking_uri
 from pipeline.verifier_record import verifier_identity
 
@@ -578,20 +578,25 @@ def launch_command_failure(launch: object, config: ServeCheckConfig) -> str | No
 def serve_check_refusals(params: PromoteParams, serving: dict | None, kinds: list[str]) -> dict[str, str]:
     """kind -> why promotion refuses it: `serve_check.required` and its serve_check did not pass. Every engine
     that served the drafter (vLLM's `drafters`, llama.cpp's `llamacpp.drafters` when serve_check ran it) must
-    pass; one that cannot serve it on this build (`skipped`) is left out, unless no engine served it."""
+    pass; one that cannot serve it on this build (`skipped`) is left out, unless no engine served it. An engine whose
+    recorded self-test shows it samples drafts its own way (a perfect drafter loses acceptance) is held to its
+    greedy rules only."""
     if serving is None:
         return {}
-    engines = {"vLLM": serving.get("drafters"), "llama.cpp": (serving.get("llamacpp") or {}).get("drafters")}
+    llamacpp = serving.get("llamacpp") or {}
+    engines = {"vLLM": (serving.get("drafters"), params.serve_check),
+               "llama.cpp": (llamacpp.get("drafters"), params.serve_check.model_copy(update={"gate_sampled": False})
+                             if sampled_verification_defect(llamacpp.get("sampled_self_test")) else params.serve_check)}
     refusals = {}
     for kind in kinds:
         verdicts = []  # (engine, skipped, failure reason)
-        for engine, drafters in engines.items():
+        for engine, (drafters, rule) in engines.items():
             if engine != "vLLM" and not isinstance(drafters, dict):
                 continue  # a serving.json from before that engine was checked
             entry = (drafters or {}).get(kind)
             entry = entry if isinstance(entry, dict) else {"status": "missing",
                                                            "reason": f"no '{kind}' entry in metrics/serving.json"}
-            verdicts.append((engine, entry.get("status") == "skipped", serve_check_failure(entry, params.serve_check)))
+            verdicts.append((engine, entry.get("status") == "skipped", serve_check_failure(entry, rule)))
         served = [verdict for verdict in verdicts if not verdict[1]]
         named = [(engine, reason) for engine, _, reason in (served or verdicts) if reason]
         if named:

@@ -87,6 +87,8 @@ def test_every_kind_is_served_losslessly_by_its_launch_line_under_the_rule(serve
     paths, report = served
     llamacpp = report["llamacpp"]
     assert llamacpp["baseline"]["error"] is None
+    self_test = llamacpp["sampled_self_test"]["T=0.8"]  # the verifier drafting for itself, every sampled run
+    assert 0 <= self_test["accepted"] <= self_test["drafted"] and self_test["drafted"] > 0, self_test
     config = parse_all({}).serve_check
     for kind in KINDS:
         entry = llamacpp["drafters"][kind]
