@@ -131,14 +131,14 @@ def test_training_reaches_the_markov_head_and_the_confidence_head_learns_accepta
     embed, head, _, _ = verifier_parts(verifier)
     loss, terms, _, _ = block_signals(model, targets, batch, cfg, position_weights(BLOCK), torch.Generator(), embed,
                                       head)
-    assert set(terms) == {"ce", "fkl", "confidence"} and 0 < float(terms["confidence"].detach()) < 10
+    assert set(terms) == {"fkl", "confidence"} and 0 < float(terms["confidence"].detach()) < 10  # the default: no ce
     terms["confidence"].backward(retain_graph=True)
     assert model.confidence_head.proj.weight.grad.abs().sum() > 0
     assert model.markov_head.markov_w1.weight.grad.abs().sum() > 0
     assert all(p.grad is None or p.grad.abs().sum() == 0 for n, p in model.named_parameters()
                if not n.startswith(("confidence_head.", "markov_head.markov_w1")))
     model.zero_grad()
-    terms["ce"].backward()
+    terms["fkl"].backward()
     assert model.markov_head.markov_w2.weight.grad.abs().sum() > 0 and model.fc.weight.grad.abs().sum() > 0
     same = torch.randn(2, 7)
     torch.testing.assert_close(acceptance_rate(same, same), torch.ones(2))
@@ -181,7 +181,8 @@ def test_dspark_heads_belong_to_the_dspark_kind_and_a_dspark_block_is_not_denois
     with pytest.raises(ParamsError, match="train.dspark.markov_rank"):
         parse_all({"train": {"dspark": {"markov_rank": 0}}})
     params = parse_all({"train": {"dspark": {"markov_rank": 16}}, "evaluate": {"confidence_threshold": 0.2}})
-    assert params.train.dspark.confidence_head and not params.train.dspark.loss.greedy_chain
+    loss = params.train.dspark.loss
+    assert params.train.dspark.confidence_head and (loss.ce, loss.fkl, loss.greedy_chain) == (0.0, 1.0, False)
     assert params.train.block.markov_rank == 0 and params.train.block.loss.greedy_chain
     with pytest.raises(DraftlineError, match="evaluate.denoise_steps: 1"):
         BlockDrafter(block_model(verifier, BLOCK, markov_rank=4), verifier, denoise_steps=2)
