@@ -151,10 +151,10 @@ def fit_block(verifier, mask_token_id: int, prompts: list[list[int]], steps: int
     """A block drafter for `verifier` (the DSpark variant with `markov_rank`), fitted by Adam on the real training
     signal over the verifier's greedy continuations of `prompts`: its drafts are accepted often on them."""
     from pipeline.drafters.block.config import BlockDrafterConfig
-    from pipeline.drafters.dspark.config import DSparkDrafterConfig
     from pipeline.drafters.block.lightning import anchor_generator, block_signals, verifier_targets
     from pipeline.drafters.block.losses import position_weights
     from pipeline.drafters.block.model import DFlashDraftModel, drafter_config, verifier_parts
+    from pipeline.drafters.dspark.config import DSparkDrafterConfig
     from pipeline.training.frozen import FrozenVerifier
     from pipeline.training.prompt_response_data import collate_rows
 

@@ -13,7 +13,7 @@ which is what vLLM `method: dflash`, SGLang `DFLASH` and TensorRT-LLM `DFlashDec
 As upstream, the context features enter each layer's k/v projections directly (they are already
 normalised by `hidden_norm`); only the block goes through `input_layernorm`.
 
-The DSpark variant (`train.block.markov_rank` > 0; arXiv DSpark, vLLM `qwen3_dspark.py`) is this same
+The DSpark kind (`train.dspark`, `markov_rank` > 0; arXiv DSpark, vLLM `qwen3_dspark.py`) is this same
 drafter plus a **Markov head**: `markov_w1` (V × r embedding) of the previous block token, projected by
 `markov_w2` (r × V) to a bias added to the position's logits. The parallel pass is unchanged; the bias
 makes position k depend on the token drafted at k − 1, so drafting runs left to right through the head

@@ -7,9 +7,12 @@ from typing import ClassVar
 from pydantic import Field, StrictBool
 
 from pipeline.config.section import cross_check
-from pipeline.drafters.block.config import BlockFamilyConfig, BlockLossConfig, check_target_layers
-# every kind's config module names the verifier layers its drafter reads (pipeline/config/features_config.py)
-from pipeline.drafters.block.config import feature_layers  # noqa: F401  the block family's rule
+from pipeline.drafters.block.config import (
+    BlockFamilyConfig,
+    BlockLossConfig,
+    check_target_layers,
+    feature_layers,  # noqa: F401  every kind's config names the layers its drafter reads (features_config.py)
+)
 
 
 class DSparkDrafterConfig(BlockFamilyConfig):

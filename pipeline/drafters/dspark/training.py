@@ -6,8 +6,8 @@ head, `confidence_head.*`), `metrics/train_dspark.json` and `plots/train_dspark_
 from __future__ import annotations
 
 from pipeline.drafters.block.training import family_recipe
-from pipeline.training.recipe import DrafterRecipe
 from pipeline.training.params import TrainParams
+from pipeline.training.recipe import DrafterRecipe
 
 
 def recipe(params: TrainParams, verifier, tokenizer, corpus, features) -> DrafterRecipe:

@@ -1,4 +1,4 @@
-"""The DSpark variant of the block drafter (`train.block.markov_rank` > 0): the Markov head teacher-forced in
+"""The DSpark kind (`train.dspark`: the block drafter with `markov_rank` > 0): the Markov head teacher-forced in
 training is exactly the head chained in drafting, its bias at position k reads only the token at k − 1, a
 fresh head leaves DFlash drafting unchanged, the confidence head trains on acceptance rates without
 touching the drafter and cuts blocks at the threshold, greedy output stays the verifier's, and params
@@ -15,11 +15,11 @@ from pipeline.config.sampling_config import SamplingConfig
 from pipeline.config.schema import parse_all
 from pipeline.drafters.block.anchors import block_targets
 from pipeline.drafters.block.config import BlockDrafterConfig
-from pipeline.drafters.dspark.config import DSparkDrafterConfig
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
 from pipeline.drafters.block.lightning import VerifierTargets, block_signals
 from pipeline.drafters.block.losses import acceptance_rate, position_weights
 from pipeline.drafters.block.model import DFlashDraftModel, verifier_parts
+from pipeline.drafters.dspark.config import DSparkDrafterConfig
 from pipeline.drafters.speculative_loop import decode
 from pipeline.errors import DraftlineError, ParamsError
 from pipeline.training.prompt_response_data import collate_rows
