@@ -129,7 +129,7 @@ def test_manifest_hashes_and_io(exported, kind, tiny_verifier_dir):
     assert manifest["onnx"]["opset"] == 18
     input_names = [t["name"] for t in manifest["onnx"]["inputs"]]
     assert input_names[:2] == {"ar": ["input_ids", "position_ids"], "block": ["anchor_ids", "anchor_positions"],
-                               "eagle3": ["hidden", "input_ids"]}[kind]
+                               "dspark": ["anchor_ids", "anchor_positions"], "eagle3": ["hidden", "input_ids"]}[kind]
     assert manifest["skipped"]["tensorrt"]  # no CUDA / no package here: recorded with its reason
     assert manifest["lineage"]["verifier_id"] == "tiny" and manifest["lineage"]["drafter_hash"]
     assert manifest["lineage"]["export_library_versions"]["torch"] == torch.__version__
