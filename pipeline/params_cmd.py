@@ -11,6 +11,7 @@ from typing import Sequence
 import yaml
 
 from pipeline.cli import run_stage, stage_parser
+from pipeline.config.base import DRAFTER_NAMES
 from pipeline.config.schema import Params
 from pipeline.drafters.block.config import BlockFamilyConfig, learned_mask_warning
 from pipeline.progress import warn
@@ -22,7 +23,7 @@ def _run(params: Params, args: argparse.Namespace) -> None:
         return
     for where in params.project.dirs_outside(Path.cwd()):
         warn(f"{where} is outside the project directory (allowed; check it is meant)")
-    for section in params.train.__dict__.values():
+    for section in (getattr(params.train, name) for name in DRAFTER_NAMES):
         if isinstance(section, BlockFamilyConfig) and section.mask == "learned":
             warn(learned_mask_warning(section.kind))
     print(f"{args.params}: ok (params hash {params.section_hash()})")

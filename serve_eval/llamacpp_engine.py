@@ -38,8 +38,8 @@ COUNTERS = {"llamacpp:spec_decode_num_drafts_total": "vllm:spec_decode_num_draft
             "llamacpp:spec_decode_num_draft_tokens_total": "vllm:spec_decode_num_draft_tokens",
             "llamacpp:spec_decode_num_accepted_tokens_total": "vllm:spec_decode_num_accepted_tokens"}
 PER_POSITION_COUNTER = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
-DRAFT_TOKENS, ACCEPTED_TOKENS = COUNTERS["llamacpp:spec_decode_num_draft_tokens_total"], \
-    COUNTERS["llamacpp:spec_decode_num_accepted_tokens_total"]
+DRAFT_TOKENS = COUNTERS["llamacpp:spec_decode_num_draft_tokens_total"]  # the name a run's counters carry
+ACCEPTED_TOKENS = COUNTERS["llamacpp:spec_decode_num_accepted_tokens_total"]
 SPECULATIVE_FLAGS = ("-md", "--spec-type", "--spec-draft-n-max", "--spec-draft-sampling")  # each takes a value
 # llama.cpp's fatal line (GGML_ABORT / GGML_ASSERT: "<source file>:<line>: <what>"); the gdb backtrace it prints
 # next ends with "[Inferior 1 (process N) detached]", which names nothing
