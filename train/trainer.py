@@ -107,7 +107,7 @@ def build_trainer(
     cfg: TrainerConfig,
     *,
     checkpoint_dir: Path,
-    logger: MLFlowLogger | bool = False,
+    logger: MLFlowLogger | None = None,
     callbacks: Sequence[Callback] = (),
     enable_progress_bar: bool = True,
     limit_val_batches: int | float = 1.0,
@@ -148,7 +148,7 @@ def build_trainer(
         limit_val_batches=limit_val_batches,
         num_sanity_val_steps=0,
         log_every_n_steps=max(1, min(10, cfg.val_every_n_steps)),
-        logger=logger,
+        logger=logger or False,
         callbacks=[FiniteTraining(stage), checkpointing, *callbacks],
         enable_progress_bar=enable_progress_bar,  # Lightning refuses a bar callback on a rank without a bar
         enable_model_summary=False,
@@ -269,9 +269,14 @@ def single_writer(checkpoint_dir: Path) -> Iterator[None]:
 TAG_CHECKPOINTS = "draftline.checkpoint_dir"
 
 
-def make_mlflow_logger(params: TrainParams, kind: str, checkpoint_dir: Path) -> MLFlowLogger:
+def make_mlflow_logger(params: TrainParams, kind: str, checkpoint_dir: Path) -> MLFlowLogger | None:
     """The run is tagged with its checkpoint dir: runs left RUNNING there by a killed process are
-    marked KILLED when training starts again (the dir is single-writer, so none can still be alive)."""
+    marked KILLED when training starts again (the dir is single-writer, so none can still be alive).
+
+    None on every rank but global rank 0: only rank 0 touches the tracking store. Two nodes' processes
+    opening a store that does not exist yet both create its tables, and one dies ("table ... already exists")."""
+    if not is_rank_zero():
+        return None
     checkpoints = str(Path(checkpoint_dir).resolve())
     uri = tracking_uri(params.tracking)
     logger = MLFlowLogger(
@@ -283,17 +288,16 @@ def make_mlflow_logger(params: TrainParams, kind: str, checkpoint_dir: Path) -> 
         tags={"draftline.kind": kind, TAG_STAGE: "train", TAG_CHECKPOINTS: checkpoints, **version_tags()},
         log_model=False,
     )
-    if is_rank_zero():
-        client, experiment_id = logger.experiment, logger.experiment_id
-        abandoned = client.search_runs(
-            [experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`{TAG_CHECKPOINTS}` = '{checkpoints}'"
-        )
-        # `logger.experiment` has just created this process's own run, RUNNING too: never count it.
-        abandoned = [run for run in abandoned if run.info.run_id != logger.run_id]
-        for run in abandoned:
-            client.set_terminated(run.info.run_id, status="KILLED")
-        if abandoned:
-            info(f"marked {len(abandoned)} MLflow run(s) left RUNNING by an interrupted training as KILLED")
+    client, experiment_id = logger.experiment, logger.experiment_id
+    abandoned = client.search_runs(
+        [experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`{TAG_CHECKPOINTS}` = '{checkpoints}'"
+    )
+    # `logger.experiment` has just created this process's own run, RUNNING too: never count it.
+    abandoned = [run for run in abandoned if run.info.run_id != logger.run_id]
+    for run in abandoned:
+        client.set_terminated(run.info.run_id, status="KILLED")
+    if abandoned:
+        info(f"marked {len(abandoned)} MLflow run(s) left RUNNING by an interrupted training as KILLED")
     return logger
 
 

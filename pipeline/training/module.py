@@ -12,6 +12,7 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup, get_linear
 
 from pipeline.config.trainer_config import TrainerConfig
 from pipeline.progress import info
+from pipeline.training.frozen import VerifierSource
 from pipeline.training.muon import MuonAdamW, split_for_muon
 
 
@@ -48,12 +49,25 @@ class DrafterModule(LightningModule):
     """What every drafter's LightningModule shares: its optimizer and schedule, and the token count kept in
     checkpoints.
 
-    Subclasses set `self.drafter`, `self.trainer_cfg` and count `self.tokens_seen` in training_step.
+    Subclasses set `self.drafter`, `self.verifier`, `self.trainer_cfg` and count `self.tokens_seen` in
+    training_step.
     """
 
     drafter: nn.Module
+    verifier: VerifierSource  # a plain attribute, not a submodule: out of the optimizer, checkpoints, DDP and ZeRO-3
     trainer_cfg: TrainerConfig
     tokens_seen: int = 0
+
+    # The verifier's embedding and head are read through it, never kept as attributes here: those would be
+    # submodules, ZeRO-3 would partition them, and after training rank 0 alone could not evaluate the gathered
+    # drafter with them (it would wait for its peers' shards).
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self.verifier.head.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.verifier.head.get_output_embeddings()
 
     def configure_optimizers(self) -> dict:
         return build_optimizer(self.drafter.named_parameters(), self.trainer_cfg)

@@ -80,7 +80,6 @@ class ARDistillModule(DrafterModule):
     ):
         super().__init__()
         self.drafter = drafter
-        # A plain attribute, not a submodule: out of the optimizer, checkpoints, DDP and ZeRO-3.
         self.verifier = verifier
         self.loss_cfg = loss_cfg
         self.trainer_cfg = trainer_cfg

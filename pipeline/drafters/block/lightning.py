@@ -203,7 +203,6 @@ class BlockDistillModule(DrafterModule):
                  trainer_cfg: TrainerConfig, seed: int, val_rows: Sequence[tuple[list[int], int]] = ()):
         super().__init__()
         self.drafter = drafter
-        # A plain attribute, not a submodule: out of the optimizer, checkpoints, DDP and ZeRO-3.
         self.verifier = verifier
         self.cfg = cfg
         self.trainer_cfg = trainer_cfg
@@ -216,7 +215,6 @@ class BlockDistillModule(DrafterModule):
         # (step, simulated τ, decoded τ) of every validation: the τ-vs-steps curve in training.json
         self.history: list[dict] = []
         self._agreement = DraftAgreement(drafter.block_size - 1)
-        self.embed_tokens, self.lm_head, _, _ = verifier_parts(verifier.head)
         # offline the stored features already are the cache
         self._verifier_outputs = VerifierOutputCache(
             lambda batch: verifier_targets(self.verifier, batch, self.drafter, self.cfg),

@@ -144,7 +144,6 @@ class Eagle3DistillModule(DrafterModule):
                  trainer_cfg: TrainerConfig, val_rows: Sequence[tuple[list[int], int]] = ()):
         super().__init__()
         self.drafter = drafter
-        # A plain attribute, not a submodule: out of the optimizer, checkpoints, DDP and ZeRO-3.
         self.verifier = verifier
         self.cfg = cfg
         self.trainer_cfg = trainer_cfg
@@ -153,7 +152,6 @@ class Eagle3DistillModule(DrafterModule):
         self.tokens_seen = 0
         self.last_validation: dict = {}
         self._agreement = DraftAgreement(cfg.ttt_steps)
-        self.embed_tokens = verifier.head.get_input_embeddings()
         # offline the stored features already are the cache
         self._verifier_outputs = VerifierOutputCache(
             lambda batch: verifier_targets(self.verifier, batch, self.drafter, self.cfg),
