@@ -25,6 +25,7 @@ import torch
 
 from pipeline.config.trainer_config import TrainerConfig
 from pipeline.errors import DraftlineError
+from pipeline.process_tree import die_with_parent
 from train.strategies import uses_gpu
 
 INTEGER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "NODE_RANK", "GROUP_RANK",
@@ -189,8 +190,14 @@ def rendezvous(launch: Launch, cfg: TrainerConfig, section: str) -> None:
 
 
 def join_launch(cfg: TrainerConfig, section: str) -> Launch:
-    """Check this process's launch and meet its peers: what training does before anything else."""
+    """Check this process's launch and meet its peers: what training does before anything else.
+
+    A process an external launcher started dies with it: torchrun starts its workers in sessions of their own,
+    so a SIGKILLed torchrun (the OOM killer, `kill -9`, a lost node's agent) used to leave them training on as
+    orphans, holding the checkpoint lock and writing outputs for a run nobody waits for."""
     launch = read_launch(cfg, section)
+    if launch.external:
+        die_with_parent()
     if launch.world_size > 1 and launch.rank == 0 and launch.launcher != "torchrun":  # torchrun's agent holds it
         check_port_free()
     rendezvous(launch, cfg, section)

@@ -1,8 +1,8 @@
 """Corpus rows -> (prompt + response) token sequences in length buckets, with a response mask.
 
 Each dataset item is a whole pre-bucketed batch (sequences of similar length, padded on the right to
-the batch max), so little compute is spent on padding, and Lightning's distributed sampler shards
-whole batches across processes. The loss/agreement mask marks *prediction* positions t whose target
+the batch max), so little compute is spent on padding, and `ResumableShuffle` deals whole batches out
+to the processes. The loss/agreement mask marks *prediction* positions t whose target
 token t+1 is a response token: prompt and padding never count.
 """
 
@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 from datasets import Dataset, DatasetDict
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from pipeline.errors import DraftlineError
 from pipeline.training.feature_batches import SplitFeatures, TrainingFeatures
@@ -96,33 +96,32 @@ class NextTokenBatches(Batches):
     collate_rows = staticmethod(collate)
 
 
-class ResumableShuffle(torch.utils.data.Sampler[int]):
-    """A fresh permutation each epoch, drawn from (seed, epoch) only, that can start mid-epoch: a run
-    resumed from a checkpoint sees exactly the batches the uninterrupted run would have seen.
+class ResumableShuffle(DistributedSampler):
+    """A fresh permutation each epoch, drawn from (seed, epoch) only, dealt out to the processes as torch's
+    DistributedSampler deals (padded by wrapping to a multiple of the world size; process r takes every
+    world-size-th batch from r), that can start mid-epoch: a run resumed from a checkpoint sees exactly the
+    batches the uninterrupted run would have seen, on one process or many.
 
-    Lightning sets the epoch (`set_epoch`); the position inside it comes from the checkpoint.
+    `consumed` counts batches over all processes (padding included), as checkpoints record them. Lightning leaves
+    a DistributedSampler as it is and sets the epoch (`set_epoch`); its own wrapper for other samplers cannot
+    start mid-epoch (a shorter first epoch is an IndexError on every rank).
     """
 
-    def __init__(self, size: int, seed: int):
-        self.size, self.seed = size, seed
-        self.epoch = 0
-        self.resume_epoch, self.resume_offset = 0, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def resume_after(self, consumed: int) -> None:
-        self.resume_epoch, self.resume_offset = divmod(consumed, self.size)
+    def __init__(self, dataset, seed: int, rank: int = 0, world_size: int = 1, consumed: int = 0):
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=False, seed=seed)
+        self.resume_epoch, offset = divmod(consumed, self.total_size)
+        self.resume_offset = offset // world_size
         # Lightning draws the first batch before its first `set_epoch` call of a run.
         self.epoch = self.resume_epoch
 
-    def __len__(self) -> int:
-        return self.size
-
     def __iter__(self):
-        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+        size = len(self.dataset)
+        order = torch.randperm(size, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)).tolist()
+        padding = self.total_size - size
+        order += (order * -(-padding // size))[:padding]
+        mine = order[self.rank : self.total_size : self.num_replicas]
         start = self.resume_offset if self.epoch == self.resume_epoch else 0
-        return iter(order[start:].tolist())
+        return iter(mine[start:])
 
 
 class CorpusDataModule(LightningDataModule):
@@ -143,20 +142,24 @@ class CorpusDataModule(LightningDataModule):
             sets.append(self.batches_type(corpus[split], max_len, batch_size, pad_id, seed, stored))
         self.train_set, self.val_set = sets
         self.num_workers = num_workers
-        self.sampler = ResumableShuffle(len(self.train_set), seed)
+        self.seed = seed
+        self.batches_consumed = 0  # from the checkpoint a run resumes
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=None, sampler=self.sampler, num_workers=self.num_workers)
+        trainer = self.trainer
+        sampler = ResumableShuffle(self.train_set, self.seed, trainer.global_rank, trainer.world_size,
+                                   self.batches_consumed)
+        return DataLoader(self.train_set, batch_size=None, sampler=sampler, num_workers=self.num_workers)
 
     # Saved in and restored from Lightning checkpoints.
     def state_dict(self) -> dict:
         # Checkpoints are written after an optimizer step, so every batch of the finished steps was used
-        # (by every process: the distributed wrapper deals the one shuffled order out round-robin).
+        # (by every process: ResumableShuffle deals the one shuffled order out round-robin).
         trainer = self.trainer
         return {"batches_consumed": trainer.global_step * trainer.accumulate_grad_batches * trainer.world_size}
 
     def load_state_dict(self, state: dict) -> None:
-        self.sampler.resume_after(int(state.get("batches_consumed", 0)))
+        self.batches_consumed = int(state.get("batches_consumed", 0))
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=None, shuffle=False, num_workers=self.num_workers)
