@@ -45,9 +45,9 @@ TIMEOUT_S = 240
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 
-def tiny_train(strategy: str, devices: int, num_nodes: int) -> dict:
+def tiny_train(strategy: str, devices: int, num_nodes: int, **overrides) -> dict:
     """Every kind, tiny, with 2 x 4 rows a step whatever the launch: per process batch 4, two processes."""
-    trainer = {"strategy": strategy, "devices": devices, "num_nodes": num_nodes, "accelerator": "cpu",
+    trainer = {**overrides, "strategy": strategy, "devices": devices, "num_nodes": num_nodes, "accelerator": "cpu",
                "optimizer": "adamw",  # ZeRO shards the optimizer: Muon needs whole matrices
                "batch_size": 4, "learning_rate": 0.01, "warmup_steps": 2, "max_steps": STEPS,
                "checkpoint_every_n_steps": CHECKPOINT_EVERY, "val_every_n_steps": 2}  # a loss point every 2 steps
@@ -76,13 +76,13 @@ def write_node_params(directory: Path, artifacts: Path, train: dict) -> None:
     (directory / "params.yaml").write_text(yaml.safe_dump(data))
 
 
-def project(root: Path, template: Path, strategy: str, devices: int, nodes: int) -> list[Path]:
+def project(root: Path, template: Path, strategy: str, devices: int, nodes: int, **trainer) -> list[Path]:
     """A directory per node, all sharing `root/artifacts` (a copy of the template): the first is the project."""
     artifacts = root / "artifacts"
     shutil.copytree(template, artifacts)
     directories = [root] + [root / f"node{rank}" for rank in range(1, nodes)]
     for directory in directories:
-        write_node_params(directory, artifacts, tiny_train(strategy, devices, nodes))
+        write_node_params(directory, artifacts, tiny_train(strategy, devices, nodes, **trainer))
     return directories
 
 
@@ -224,3 +224,54 @@ def test_trainers_end_with_their_killed_launcher(tmp_path, template):
         time.sleep(0.1)
     wait_nodes(nodes, 30)
     assert not (tmp_path / "artifacts" / "drafters" / "ar").exists()
+
+
+@pytest.fixture(scope="module")
+def even_template(tmp_path_factory) -> Path:
+    """16 training rows: 4 batches of 4, which two processes take one each per step with no padding, and one
+    process accumulating 2 takes in the same pairs."""
+    artifacts = make_artifacts(tmp_path_factory.mktemp("multi_node_even"), rows_per_split=(16, 4, 2))
+    write_features(artifacts, tiny_train("auto", 1, 1))
+    return artifacts
+
+
+def exported_weights(root: Path, kind: str) -> dict[str, torch.Tensor]:
+    """What the export stage wrote for `kind`: the served checkpoint's tensors and the ONNX graph's initializers."""
+    import onnx
+    from onnx import numpy_helper
+
+    export = root / "artifacts" / "export" / kind
+    assert json.loads((export / "parity.json").read_text())["passed"], (export / "parity.json").read_text()
+    weights = {f"serving/{name}": tensor for name, tensor in load_file(export / "serving" / "model.safetensors").items()}
+    graph = onnx.load(str(export / "model.onnx")).graph  # its external data file beside it
+    weights.update({f"onnx/{init.name}": torch.from_numpy(numpy_helper.to_array(init).copy()) for init in graph.initializer
+                    if init.data_type == onnx.TensorProto.FLOAT})
+    return weights
+
+
+@pytest.mark.slow
+def test_a_two_node_zero3_drafter_exports_as_the_one_trained_in_one_process(tmp_path, even_template):
+    """ZeRO-3 leaves each rank a shard of every weight; training gathers them into the drafter, so export takes
+    the run as it is. One process accumulating 2 batches a step sees the same pairs of batches, so its drafter
+    and export equal the two nodes' up to float summation order (AR: no per-rank randomness; the block kinds
+    draw anchors per rank, so their single-process run differs by design)."""
+    from export.export import main as export_main
+
+    kind = "ar"
+    two, one = tmp_path / "two", tmp_path / "one"
+    directories = project(two, even_template, "deepspeed_stage_3", devices=1, nodes=2)
+    nodes = start_nodes(doc_commands()["torchrun"], directories, kind)
+    assert wait_nodes(nodes, TIMEOUT_S) == [0, 0], "\n".join(node.output()[-3000:] for node in nodes)
+    [single] = project(one, even_template, "auto", devices=1, nodes=1, accumulate_grad_batches=2)
+    [status] = wait_nodes(start_nodes(doc_commands()["draftline"], [single], kind), TIMEOUT_S)
+    assert status == 0, (single / "node0.log").read_text()[-4000:]
+
+    for root in (two, one):
+        params = yaml.safe_load((root / "params.yaml").read_text())
+        params["export"] = {"kinds": [kind], "tensorrt": "off", "parity_prompts": 2}
+        (root / "params.yaml").write_text(yaml.safe_dump(params))
+        assert export_main(["--params", str(root / "params.yaml")]) == 0
+    sharded, single_process = exported_weights(two, kind), exported_weights(one, kind)
+    assert sharded.keys() == single_process.keys() and any(name.startswith("onnx/") for name in sharded)
+    for name, tensor in single_process.items():
+        torch.testing.assert_close(sharded[name], tensor, rtol=1e-4, atol=1e-5, msg=f"{name} differs")
