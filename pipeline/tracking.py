@@ -70,7 +70,7 @@ def _experiment_location(database: Path, experiment: str) -> str | None:
     """The artifact location the store records for `experiment`, read without MLflow; None if there is none yet."""
     if not database.is_file():
         return None
-    connection = sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
+    connection = _connect_existing(database)
     try:
         row = connection.execute("SELECT artifact_location FROM experiments WHERE name = ?", (experiment,)).fetchone()
     except sqlite3.Error:  # no tables yet: MLflow creates them, and the experiment, where the URI says
@@ -78,6 +78,13 @@ def _experiment_location(database: Path, experiment: str) -> str | None:
     finally:
         connection.close()
     return row[0] if row else None
+
+
+def _connect_existing(database: Path) -> sqlite3.Connection:
+    """The store opened to be read, never created. Read-write, not read-only: a writer killed mid-transaction
+    (a SIGKILLed training run) leaves a hot journal that SQLite must roll back on the next open, and a
+    read-only connection refuses that with "attempt to write a readonly database"."""
+    return sqlite3.connect(f"{database.as_uri()}?mode=rw", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
 
 
 def check_artifact_location(uri: str, experiment: str, location: str) -> None:
@@ -152,7 +159,7 @@ def _check_sqlite_store(database: Path) -> None:
             "backup, or move it away to start a new, empty registry"
         )
     try:
-        connection = sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
+        connection = _connect_existing(database)
         try:
             tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:

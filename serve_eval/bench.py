@@ -18,7 +18,7 @@ from pipeline.errors import DraftlineError
 from pipeline.integrity import stop_token_ids
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info
-from serve_eval.evaluate import EvaluateParams, evaluate_cell
+from serve_eval.evaluate import EvaluateParams, evaluate_cells
 from serve_eval.loading import load_drafters, load_test_prompts, load_verifier_for_decoding
 
 
@@ -43,10 +43,12 @@ def run(params: EvaluateParams, args: argparse.Namespace) -> None:
     for column in ("drafter", "verifier only s", "speculative s", "speedup", "tau", "HF assisted s",
                    "ours vs HF"):
         table.add_column(column)
-    for kind, (proposer, peer) in proposers.items():
-        tally = evaluate_cell(verifier, proposer, prompts, SamplingConfig(), max_new_tokens=args.max_new_tokens,
-                              eos_token_id=eos, seed=0, desc=f"bench {kind}", peer_drafter=peer,
-                              draft_tokens=proposer.draft_tokens if peer is not None else 0)
+    tallies = evaluate_cells(verifier, {kind: proposer for kind, (proposer, _) in proposers.items()}, prompts,
+                             SamplingConfig(), max_new_tokens=args.max_new_tokens, eos_token_id=eos, seed=0,
+                             desc="bench", peer_drafters={kind: (peer, proposer.draft_tokens)
+                                                          for kind, (proposer, peer) in proposers.items() if peer is not None})
+    for kind, (_, peer) in proposers.items():
+        tally = tallies[kind]
         metrics = tally.metrics()
         table.add_row(kind, f"{tally.base_s:.3f}", f"{tally.spec_s:.3f}", f"{metrics['speedup']:.2f}x",
                       f"{metrics['tau']:.2f}", f"{tally.peer_s:.3f}" if peer is not None else "-",

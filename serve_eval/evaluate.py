@@ -2,8 +2,8 @@
 
 Per drafter x temperature x domain it measures acceptance, tau (tokens committed per verifier
 forward, bonus/correction token included), per-position acceptance, tokens/s and the speedup over
-verifier-only decoding run on the same prompts in the same process (baseline and speculative runs
-alternate prompt by prompt, after a warm-up). At T = 0 every speculative output is compared with
+verifier-only decoding run on the same prompts in the same process (one baseline run a prompt, back to
+back with every drafter's, in rotating order, after a warm-up). At T = 0 every speculative output is compared with
 the baseline token for token. `per_position_acceptance[i]` is the fraction of verifier steps whose
 draft position i+1 was accepted (so it is non-increasing). Writes `metrics/eval.json` and `plots/eval_*.{csv,png}`.
 
@@ -41,40 +41,49 @@ class EvaluateParams(StageParams):
     evaluate: EvaluateConfig = EvaluateConfig()
 
 
-def evaluate_cell(verifier, proposer: Proposer, prompts: list[list[int]], sampling: SamplingConfig, *,
-                  max_new_tokens: int, eos_token_id: list[int], seed: int, desc: str,
-                  peer_drafter=None, draft_tokens: int = 0, repeats: int = 1) -> CellSums:
-    tally = CellSums()
+def evaluate_cells(verifier, proposers: dict[str, Proposer], prompts: list[list[int]], sampling: SamplingConfig, *,
+                   max_new_tokens: int, eos_token_id: list[int], seed: int, desc: str,
+                   peer_drafters: dict | None = None, repeats: int = 1) -> dict[str, CellSums]:
+    """One temperature x domain for every drafter in `proposers`, against one verifier-only baseline per prompt
+    and repeat: the baseline decodes the same tokens whichever drafter it is timed against, so it runs once,
+    in the same back-to-back group as the drafters' runs. `peer_drafters[kind]` (model, draft tokens): HF
+    assisted generation timed for that kind, first repeat only."""
+    peer_drafters = peer_drafters or {}
+    tallies = {kind: CellSums() for kind in proposers}
     run = dict(sampling=sampling, eos_token_id=eos_token_id)
-    # warm-up: first-call allocations and kernel selection must not land in either timing
-    decode(verifier, prompts[0], min(8, max_new_tokens), **run)
-    decode(verifier, prompts[0], min(8, max_new_tokens), proposer=proposer, **run)
+    # warm-up: first-call allocations and kernel selection must not land in any timing
+    for proposer in (None, *proposers.values()):
+        decode(verifier, prompts[0], min(8, max_new_tokens), proposer=proposer, **run)
+
     def one_run(prompt: list[int], with_proposer: Proposer | None, seed_offset: int) -> Generation:
         return decode(verifier, prompt, max_new_tokens, proposer=with_proposer,
                       generator=torch.Generator().manual_seed(seed + seed_offset), **run)
 
     # Whole passes over the prompts, each prompt's baseline and speculative runs back to back: a load
-    # change mid-cell hits both sides of a repeat, and a repeat it ruins is outvoted by the others.
+    # change mid-prompt hits both sides of a repeat, and a repeat it ruins is outvoted by the others.
+    group: list[str | None] = [None, *proposers]
     runs = [(repeat, index, prompt) for repeat in range(repeats) for index, prompt in enumerate(prompts)]
     for repeat, index, prompt in progress(runs, desc=desc, unit="prompt"):
-        if (index + repeat) % 2:  # alternate the order so drift (thermal, caches) hits both sides equally
-            spec = one_run(prompt, proposer, 10_000 + index)
-            base = one_run(prompt, None, index)
-        else:
-            base = one_run(prompt, None, index)
-            spec = one_run(prompt, proposer, 10_000 + index)
-        tally.add_time(repeat, spec, base)
-        if repeat:
-            continue
-        tally.add(spec, base)
-        if sampling.greedy and spec.new_ids != base.new_ids:
-            tally.mismatches += 1
-        if peer_drafter is not None:
-            peer_ids, peer_s = hf_assisted_generate(verifier, peer_drafter, prompt, max_new_tokens,
-                                                    draft_tokens, eos_token_id)
-            tally.peer_s += peer_s
-            tally.peer_tokens += len(peer_ids)
-    return tally
+        shift = (index + repeat) % len(group)  # rotate the order so drift (thermal, caches) hits every side
+        outputs = {kind: one_run(prompt, None if kind is None else proposers[kind],
+                                 index if kind is None else 10_000 + index)
+                   for kind in group[shift:] + group[:shift]}
+        base = outputs.pop(None)
+        for kind, spec in outputs.items():
+            tally = tallies[kind]
+            tally.add_time(repeat, spec, base)
+            if repeat:
+                continue
+            tally.add(spec, base)
+            if sampling.greedy and spec.new_ids != base.new_ids:
+                tally.mismatches += 1
+            if kind in peer_drafters:
+                peer_drafter, draft_tokens = peer_drafters[kind]
+                peer_ids, peer_s = hf_assisted_generate(verifier, peer_drafter, prompt, max_new_tokens,
+                                                        draft_tokens, eos_token_id)
+                tally.peer_s += peer_s
+                tally.peer_tokens += len(peer_ids)
+    return tallies
 
 
 def run(params: EvaluateParams, args: argparse.Namespace) -> dict:
@@ -95,23 +104,22 @@ def run(params: EvaluateParams, args: argparse.Namespace) -> dict:
                     "drafters": {}}
     tallies: dict[tuple[str, str, str], CellSums] = {}
     torch.manual_seed(config.seed)
-    for kind, drafter in drafters.items():
-        proposer, peer_drafter = drafter.proposer, drafter.peer_model
-        entry = {"backend": drafter.backend, **measured[kind], "by_temperature": {}, "mismatches": 0}
-        for temperature in config.temperatures:
-            sampling = SamplingConfig(temperature=temperature, top_k=config.top_k, top_p=config.top_p)
-            key = temperature_key(temperature)
-            entry["by_temperature"][key] = {}
-            for domain, domain_prompts in prompts.items():
-                use_peer = config.peer_baseline and sampling.greedy and peer_drafter is not None
-                tally = evaluate_cell(
-                    verifier, proposer, domain_prompts, sampling, max_new_tokens=config.max_new_tokens,
-                    eos_token_id=stop_token_ids(verifier.generation_config, tokenizer), seed=config.seed,
-                    desc=f"{kind} T={key} {domain}",
-                    peer_drafter=peer_drafter if use_peer else None,
-                    draft_tokens=proposer.draft_tokens if use_peer else 0, repeats=config.timing_repeats)
+    entries = {kind: {"backend": drafter.backend, **measured[kind], "by_temperature": {}, "mismatches": 0}
+               for kind, drafter in drafters.items()}
+    proposers = {kind: drafter.proposer for kind, drafter in drafters.items()}
+    eos_token_id = stop_token_ids(verifier.generation_config, tokenizer)
+    for temperature in config.temperatures:
+        sampling = SamplingConfig(temperature=temperature, top_k=config.top_k, top_p=config.top_p)
+        key = temperature_key(temperature)
+        peers = {kind: (drafter.peer_model, drafter.proposer.draft_tokens) for kind, drafter in drafters.items()
+                 if config.peer_baseline and sampling.greedy and drafter.peer_model is not None}
+        for domain, domain_prompts in prompts.items():
+            cells = evaluate_cells(verifier, proposers, domain_prompts, sampling, max_new_tokens=config.max_new_tokens,
+                                   eos_token_id=eos_token_id, seed=config.seed, desc=f"T={key} {domain}",
+                                   peer_drafters=peers, repeats=config.timing_repeats)
+            for kind, tally in cells.items():
                 tallies[(kind, key, domain)] = tally
-                entry["by_temperature"][key][domain] = metrics = tally.metrics()
+                entries[kind]["by_temperature"].setdefault(key, {})[domain] = metrics = tally.metrics()
                 # recorded, not only warned about: promote leaves a speed check inside this noise undecided
                 metrics["speedup_noisy"] = metrics["speedup_spread"] > config.max_speedup_spread
                 if metrics["speedup_noisy"]:
@@ -120,7 +128,8 @@ def run(params: EvaluateParams, args: argparse.Namespace) -> dict:
                          f"{config.max_speedup_spread:.0%}): the machine is too noisy for the speed gate to decide "
                          "(promote leaves the speed check undecided); re-run evaluate on a quieter machine or raise "
                          "evaluate.timing_repeats")
-                entry["mismatches"] += tally.mismatches
+                entries[kind]["mismatches"] += tally.mismatches
+    for kind, entry in entries.items():
         entry["lossless"] = entry["mismatches"] == 0
         report["drafters"][kind] = entry
     write_plots(paths.plots, tallies)

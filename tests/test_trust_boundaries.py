@@ -180,6 +180,33 @@ def test_a_locked_store_is_reported_as_transient_never_as_one_to_discard(tmp_pat
     assert "new, empty registry" not in str(error.value) and "move it away" not in str(error.value)
 
 
+def test_a_store_whose_writer_was_killed_mid_transaction_is_recovered_not_refused(tmp_path):
+    """A SIGKILLed training run can leave a hot journal beside mlflow.db; the resumed run must roll it back
+    (as any SQLite writer does), not call the store unreadable."""
+    import sqlite3
+
+    from pipeline import tracking
+    from pipeline.promote.model_registry import Registry
+
+    database = tmp_path / "mlflow.db"
+    Registry(f"sqlite:///{database}").experiment_id("kept")
+    writer = subprocess.run([sys.executable, "-c", (
+        "import os, sqlite3, sys\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('PRAGMA cache_size=1'); c.execute('BEGIN')\n"  # a tiny cache spills pages into the file
+        "c.execute('CREATE TABLE half_written (x BLOB)')\n"
+        "c.executemany('INSERT INTO half_written VALUES (?)', [(b'x' * 500,)] * 2000)\n"
+        "os.kill(os.getpid(), 9)\n"), str(database)])
+    assert writer.returncode == -9 and Path(f"{database}-journal").exists()
+
+    tracking.check_store(f"sqlite:///{database}")
+    assert not Path(f"{database}-journal").exists()  # rolled back: the half-written table is gone
+    with sqlite3.connect(database) as connection:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "half_written" not in tables and tracking.MLFLOW_TABLES <= tables
+    assert Registry(f"sqlite:///{database}").experiment_id("kept")
+
+
 # --------------------------------------------------------------------------- dvc repro keeps the last results
 
 

@@ -3,7 +3,7 @@
 Every variant trains a fresh drafter from `train.block` or `train.dspark` with one change, for the same steps on
 the same corpus and verifier (train/block_bench.py: `train_variant`), then decodes the corpus test prompts with
 draftline's own loop at T=0 and at every `evaluate.temperatures` > 0, each prompt's verifier-only run beside it in
-this process (serve_eval/evaluate.py: `evaluate_cell`): τ and speedup per temperature and domain, one table.
+this process (serve_eval/evaluate.py: `evaluate_cells`): τ and speedup per temperature and domain, one table.
 Sampled drafts are verified by rejection against the draft's own distribution (pipeline/drafters/block/decoding.py),
 so every variant is lossless; what differs is how much of the block survives. Runs on `make demo`'s artifacts;
 writes metrics/bench_dspark_ablation.json.
@@ -29,7 +29,7 @@ from pipeline.errors import DraftlineError
 from pipeline.integrity import stop_token_ids
 from pipeline.paths import ArtifactPaths
 from pipeline.progress import console, info
-from serve_eval.evaluate import evaluate_cell
+from serve_eval.evaluate import evaluate_cells
 from serve_eval.loading import load_test_prompts, load_verifier_for_decoding
 from train.block_bench import Variant, merged, train_variant
 
@@ -71,9 +71,9 @@ def run(params: Params, args: argparse.Namespace) -> dict:
         for temperature in temperatures:
             sampling = SamplingConfig(temperature=temperature, top_k=params.evaluate.top_k, top_p=params.evaluate.top_p)
             for domain, domain_prompts in prompts.items():
-                tally = evaluate_cell(verifier, proposer, domain_prompts, sampling, max_new_tokens=args.max_new_tokens,
-                                      eos_token_id=eos, seed=params.project.seed,
-                                      desc=f"{name} T={temperature_key(temperature)} {domain}")
+                tally = evaluate_cells(verifier, {name: proposer}, domain_prompts, sampling,
+                                       max_new_tokens=args.max_new_tokens, eos_token_id=eos, seed=params.project.seed,
+                                       desc=f"{name} T={temperature_key(temperature)} {domain}")[name]
                 metrics = tally.metrics()
                 if tally.mismatches:
                     raise DraftlineError(f"variant {name}: {tally.mismatches} greedy output(s) differ from the "

@@ -142,3 +142,30 @@ def test_evaluate_says_when_the_timing_is_too_noisy(tiny_workspace, monkeypatch,
     assert "too noisy for the speed gate to decide" in capsys.readouterr().err
     cell = json.loads((tiny_workspace / "metrics/eval.json").read_text())["drafters"]["ar"]["by_temperature"]["0.0"]
     assert all(metrics["speedup_noisy"] is True for metrics in cell.values())  # promote reads it
+
+
+def test_the_baseline_runs_once_per_prompt_and_every_drafter_measures_as_if_alone(tiny_workspace, monkeypatch):
+    """The verifier-only baseline decodes the same tokens whichever drafter it is timed against: evaluate runs
+    it once per prompt and pass for all drafters, and each drafter's numbers equal an evaluation of it alone."""
+    import serve_eval.evaluate as evaluate
+
+    monkeypatch.chdir(tiny_workspace)
+    calls = []
+    real_decode = evaluate.decode
+    monkeypatch.setattr(evaluate, "decode", lambda *args, **kw: calls.append(kw.get("proposer")) or real_decode(*args, **kw))
+    settings = dict(temperatures=[0.0, 0.8], peer_baseline=False, timing_repeats=2)
+    assert main(["--params", evaluate_params(tiny_workspace, **settings)]) == 0
+    together = json.loads((tiny_workspace / "metrics/eval.json").read_text())["drafters"]
+    cells, prompts_per_cell = 2 * 2, 2  # temperatures x domains
+    baselines = calls.count(None)
+    assert baselines == cells * (1 + prompts_per_cell * 2)  # a warm-up, then a run per prompt and pass
+    assert len(calls) - baselines == len(together) * baselines  # each drafter: as many runs as the baseline
+
+    for kind in ("block", "eagle3"):
+        assert main(["--params", evaluate_params(tiny_workspace, drafters=[kind], **settings)]) == 0
+        alone = json.loads((tiny_workspace / "metrics/eval.json").read_text())["drafters"][kind]
+        for temperature, domains in alone["by_temperature"].items():
+            for domain, metrics in domains.items():
+                shared = together[kind]["by_temperature"][temperature][domain]
+                for key in ("tau", "acceptance_rate", "per_position_acceptance", "prompts"):
+                    assert shared[key] == metrics[key], (kind, temperature, domain, key)
