@@ -43,10 +43,13 @@ class EvaluateParams(StageParams):
 
 def evaluate_cells(verifier, proposers: dict[str, Proposer], prompts: list[list[int]], sampling: SamplingConfig, *,
                    max_new_tokens: int, eos_token_id: list[int], seed: int, desc: str,
-                   peer_drafters: dict | None = None, repeats: int = 1) -> dict[str, CellSums]:
+                   peer_drafters: dict | None = None, repeats: int = 1,
+                   settled_spread: float = 0.0) -> dict[str, CellSums]:
     """One temperature x domain for every drafter in `proposers`, against one verifier-only baseline per prompt
     and repeat: the baseline decodes the same tokens whichever drafter it is timed against, so it runs once,
-    in the same back-to-back group as the drafters' runs. `peer_drafters[kind]` (model, draft tokens): HF
+    in the same back-to-back group as the drafters' runs. Up to `repeats` passes; from the second on, the
+    passes stop once every drafter's speedup spread is at most `settled_spread` (a pass that load ruined
+    shows as a wide spread, and the next one outvotes it). `peer_drafters[kind]` (model, draft tokens): HF
     assisted generation timed for that kind, first repeat only."""
     peer_drafters = peer_drafters or {}
     tallies = {kind: CellSums() for kind in proposers}
@@ -59,30 +62,38 @@ def evaluate_cells(verifier, proposers: dict[str, Proposer], prompts: list[list[
         return decode(verifier, prompt, max_new_tokens, proposer=with_proposer,
                       generator=torch.Generator().manual_seed(seed + seed_offset), **run)
 
+    def add_first_pass(kind: str, spec: Generation, base: Generation, prompt: list[int]) -> None:
+        """Acceptance, lossless check and the peer's time: every pass decodes the same tokens, so once."""
+        tally = tallies[kind]
+        tally.add(spec, base)
+        if sampling.greedy and spec.new_ids != base.new_ids:
+            tally.mismatches += 1
+        if kind in peer_drafters:
+            peer_drafter, draft_tokens = peer_drafters[kind]
+            peer_ids, peer_s = hf_assisted_generate(verifier, peer_drafter, prompt, max_new_tokens,
+                                                    draft_tokens, eos_token_id)
+            tally.peer_s += peer_s
+            tally.peer_tokens += len(peer_ids)
+
     # Whole passes over the prompts, each prompt's baseline and speculative runs back to back: a load
     # change mid-prompt hits both sides of a repeat, and a repeat it ruins is outvoted by the others.
     group: list[str | None] = [None, *proposers]
-    runs = [(repeat, index, prompt) for repeat in range(repeats) for index, prompt in enumerate(prompts)]
-    for repeat, index, prompt in progress(runs, desc=desc, unit="prompt"):
-        shift = (index + repeat) % len(group)  # rotate the order so drift (thermal, caches) hits every side
-        outputs = {kind: one_run(prompt, None if kind is None else proposers[kind],
-                                 index if kind is None else 10_000 + index)
-                   for kind in group[shift:] + group[:shift]}
-        base = outputs.pop(None)
-        for kind, spec in outputs.items():
-            tally = tallies[kind]
-            tally.add_time(repeat, spec, base)
-            if repeat:
-                continue
-            tally.add(spec, base)
-            if sampling.greedy and spec.new_ids != base.new_ids:
-                tally.mismatches += 1
-            if kind in peer_drafters:
-                peer_drafter, draft_tokens = peer_drafters[kind]
-                peer_ids, peer_s = hf_assisted_generate(verifier, peer_drafter, prompt, max_new_tokens,
-                                                        draft_tokens, eos_token_id)
-                tally.peer_s += peer_s
-                tally.peer_tokens += len(peer_ids)
+    with progress(desc=desc, total=repeats * len(prompts), unit="prompt") as bar:
+        for repeat in range(repeats):
+            if repeat >= 2 and all(tally.metrics()["speedup_spread"] <= settled_spread for tally in tallies.values()):
+                bar.total = bar.n  # settled: the bar ends where the passes did
+                break
+            for index, prompt in enumerate(prompts):
+                shift = (index + repeat) % len(group)  # rotate the order so drift (thermal, caches) hits every side
+                outputs = {kind: one_run(prompt, None if kind is None else proposers[kind],
+                                         index if kind is None else 10_000 + index)
+                           for kind in group[shift:] + group[:shift]}
+                base = outputs.pop(None)
+                for kind, spec in outputs.items():
+                    tallies[kind].add_time(repeat, spec, base)
+                    if not repeat:
+                        add_first_pass(kind, spec, base, prompt)
+                bar.update()
     return tallies
 
 
@@ -116,7 +127,8 @@ def run(params: EvaluateParams, args: argparse.Namespace) -> dict:
         for domain, domain_prompts in prompts.items():
             cells = evaluate_cells(verifier, proposers, domain_prompts, sampling, max_new_tokens=config.max_new_tokens,
                                    eos_token_id=eos_token_id, seed=config.seed, desc=f"T={key} {domain}",
-                                   peer_drafters=peers, repeats=config.timing_repeats)
+                                   peer_drafters=peers, repeats=config.timing_repeats,
+                                   settled_spread=config.settled_spread)
             for kind, tally in cells.items():
                 tallies[(kind, key, domain)] = tally
                 entries[kind]["by_temperature"].setdefault(key, {})[domain] = metrics = tally.metrics()
@@ -124,7 +136,7 @@ def run(params: EvaluateParams, args: argparse.Namespace) -> dict:
                 metrics["speedup_noisy"] = metrics["speedup_spread"] > config.max_speedup_spread
                 if metrics["speedup_noisy"]:
                     warn(f"{kind} T={key} {domain}: speedup {metrics['speedup']:.2f}x varies by "
-                         f"{metrics['speedup_spread']:.0%} over {config.timing_repeats} repeats (limit "
+                         f"{metrics['speedup_spread']:.0%} over {len(metrics['speedup_runs'])} repeats (limit "
                          f"{config.max_speedup_spread:.0%}): the machine is too noisy for the speed gate to decide "
                          "(promote leaves the speed check undecided); re-run evaluate on a quieter machine or raise "
                          "evaluate.timing_repeats")

@@ -32,7 +32,12 @@ class EvaluateConfig(Section):
     seed: Seed = 0
     peer_baseline: StrictBool = True
     timing_repeats: int = Field(
-        3, ge=1, description="passes over the prompts, baseline and speculative interleaved; speedup is their median",
+        3, ge=1, description="the most passes over the prompts, baseline and speculative interleaved; speedup is "
+        "their median",
+    )
+    settled_spread: float = Field(
+        0.1, ge=0, description="after two passes, a temperature x domain whose every drafter's speedup spread "
+        "((max - min) / median) is at most this takes no more passes (0: always timing_repeats)",
     )
     max_speedup_spread: float = Field(
         0.25, gt=0, description="(max - min) / median of the repeats' speedups above which evaluate says the "

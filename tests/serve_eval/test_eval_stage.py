@@ -16,7 +16,7 @@ DOMAIN_KEYS = {"acceptance_rate", "tau", "speedup", "tokens_per_s", "baseline_to
 
 def test_evaluate_writes_contract_metrics_and_plots(tiny_workspace, monkeypatch):
     monkeypatch.chdir(tiny_workspace)
-    assert main(["--params", evaluate_params(tiny_workspace)]) == 0
+    assert main(["--params", evaluate_params(tiny_workspace, settled_spread=0.0)]) == 0
     report = json.loads((tiny_workspace / "metrics" / "eval.json").read_text())
     assert set(report["verifier"]) == {"id", "hash"} and report["corpus_hash"]
     assert report["library_versions"]["torch"] == torch.__version__
@@ -169,3 +169,18 @@ def test_the_baseline_runs_once_per_prompt_and_every_drafter_measures_as_if_alon
                 shared = together[kind]["by_temperature"][temperature][domain]
                 for key in ("tau", "acceptance_rate", "per_position_acceptance", "prompts"):
                     assert shared[key] == metrics[key], (kind, temperature, domain, key)
+
+
+@pytest.mark.parametrize("settled_spread, passes", [(1e9, 2), (0.0, 3)])
+def test_passes_stop_at_two_when_every_drafters_spread_is_settled(tiny_workspace, monkeypatch, settled_spread,
+                                                                  passes):
+    """A third pass only where the first two disagree by more than `settled_spread` (then the median of three
+    outvotes a pass that load ruined)."""
+    monkeypatch.chdir(tiny_workspace)
+    params = evaluate_params(tiny_workspace, temperatures=[0.0], drafters=["ar", "block"], peer_baseline=False,
+                             timing_repeats=3, settled_spread=settled_spread)
+    assert main(["--params", params]) == 0
+    drafters = json.loads((tiny_workspace / "metrics/eval.json").read_text())["drafters"]
+    for entry in drafters.values():
+        for metrics in entry["by_temperature"]["0.0"].values():
+            assert len(metrics["speedup_runs"]) == passes
