@@ -34,10 +34,10 @@ def greedy_failure(record: object, name: str) -> str | None:
     record = record if isinstance(record, dict) else {}
     concurrency = record.get("concurrency")
     if record.get("outputs_identical") is not True or record.get("mismatched_prompts") != 0:
-        return (f"outputs differ from vLLM without speculation on {record.get('mismatched_prompts')}/"
+        return (f"outputs differ from the engine without speculation on {record.get('mismatched_prompts')}/"
                 f"{record.get('prompts')} prompts ({name}, concurrency {concurrency})")
     if not _finite((record.get("vllm") or {}).get("tau")):
-        return f"vLLM proposed no drafts at concurrency {concurrency} (speculation was not active)"
+        return f"the engine proposed no drafts at concurrency {concurrency} (speculation was not active)"
     return None
 
 
@@ -47,12 +47,12 @@ def sampled_gaps(record: dict, sampled_z: float) -> list[str]:
     for name, entry in sorted((record.get("sampled") or {}).items()):
         vllm, theirs = entry.get("vllm") or {}, entry.get("draftline") or {}
         if not _finite(vllm.get("tau")) or not _finite(theirs.get("tau")):
-            reasons.append(f"{name}: vLLM proposed no drafts")
+            reasons.append(f"{name}: the engine proposed no drafts")
             continue
         tolerance = sampled_tolerance(vllm, theirs, sampled_z)
         difference = abs(vllm["tau"] - theirs["tau"])
         if tolerance is not None and difference > tolerance:
-            reasons.append(f"{name}: vLLM tau {vllm['tau']:.3f} vs draftline tau {theirs['tau']:.3f}: difference "
+            reasons.append(f"{name}: served tau {vllm['tau']:.3f} vs draftline tau {theirs['tau']:.3f}: difference "
                            f"{difference:.3f} > {sampled_z:g} standard errors ({tolerance:.3f})")
     return reasons
 
@@ -76,7 +76,7 @@ def domain_failures(record: dict, max_tau_gap: float, max_batch_tau_gap: float, 
         return reasons + ["no draftline tau recorded"]
     for name, tau in ((SINGLE, single), (BATCHED, batched)):
         if relative_gap(tau, ours) > max_tau_gap:
-            reasons.append(f"vLLM {name} tau {tau:.3f} vs draftline tau {ours:.3f}: gap {relative_gap(tau, ours):.1%} "
+            reasons.append(f"served {name} tau {tau:.3f} vs draftline tau {ours:.3f}: gap {relative_gap(tau, ours):.1%} "
                            f"> serve_check.max_tau_gap {max_tau_gap:.0%}")
     return reasons + (sampled_gaps(record, sampled_z) if gate_sampled else [])
 

@@ -13,9 +13,10 @@ class ServeCheckConfig(Section):
     required: StrictBool = Field(True, description="promote refuses a drafter whose serve_check did not pass")
     prompts_per_domain: int = Field(8, ge=1)
     max_new_tokens: int = Field(48, ge=1)
-    max_tau_gap: float = Field(0.15, ge=0, description="largest relative gap vLLM tau vs draftline tau that passes")
+    max_tau_gap: float = Field(0.15, ge=0, description="largest relative gap served tau (vLLM, llama.cpp) vs draftline "
+                               "tau that passes")
     concurrency: int = Field(8, ge=1, description="requests sharing vLLM's batches in the batched runs")
-    max_batch_tau_gap: float = Field(0.05, ge=0, description="largest relative gap batched vs single-request vLLM tau")
+    max_batch_tau_gap: float = Field(0.05, ge=0, description="largest relative gap batched vs single-request served tau")
     sampled_z: float = Field(3.0, gt=0, description="T > 0: standard errors of the tau difference that pass")
     gate_sampled: StrictBool = Field(True, description="a T > 0 tau gap past sampled_z fails the drafter; "
                                      "false: it is recorded and warned about only")

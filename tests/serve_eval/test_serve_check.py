@@ -125,7 +125,7 @@ def test_sampled_tau_is_compared_within_standard_errors():
         assert entry["status"] == status, entry["reason"]
         sampled = entry["domains"]["code"]["sampled"]["T=0.8"]
         assert sampled["draftline"]["tau"] == 2.5 and 0.2 < sampled["tolerance"] < 1.0
-    assert "T=0.8: vLLM tau 1.200 vs draftline tau 2.500: difference 1.300 > 3 standard errors" in entry["reason"]
+    assert "T=0.8: served tau 1.200 vs draftline tau 2.500: difference 1.300 > 3 standard errors" in entry["reason"]
 
 
 def test_engines_leave_every_request_clear_of_the_drafter_skip_at_max_model_len(tmp_path):
@@ -198,14 +198,14 @@ def _served_record(single: float | None, batched: float | None, ours: float | No
 
 
 @pytest.mark.parametrize("record, expected", [
-    (_served_record(3.0, 3.0, 3.0, identical=False), "outputs differ from vLLM without speculation"),
+    (_served_record(3.0, 3.0, 3.0, identical=False), "outputs differ from the engine without speculation"),
     (_served_record(2.0, 2.0, 3.0), "> serve_check.max_tau_gap"),
     (_served_record(3.0, 2.5, 3.0), "> serve_check.max_batch_tau_gap"),
-    (_served_record(None, 3.0, 3.0), "vLLM proposed no drafts"),
+    (_served_record(None, 3.0, 3.0), "the engine proposed no drafts"),
     (_served_record(3.0, 3.0, None), "no draftline tau recorded"),
     (_served_record(3.0, 3.0, 3.0, sampled={"T=0.8": {"vllm": {"tau": 1.2, "tau_se": 0.05},
                                                       "draftline": {"tau": 2.5, "tau_se": 0.05}}}),
-     "T=0.8: vLLM tau 1.200 vs draftline tau 2.500"),
+     "T=0.8: served tau 1.200 vs draftline tau 2.500"),
     (None, "measured no domain"),
 ])
 def test_a_status_flipped_to_passed_is_rederived_from_the_numbers(tmp_path, record, expected):
@@ -237,7 +237,7 @@ def test_a_sampled_gap_fails_only_when_gated(tmp_path):
 
     record = _served_record(3.0, 3.0, 3.0, sampled={"T=0.8": {"vllm": {"tau": 1.02, "tau_se": 0.02},
                                                               "draftline": {"tau": 2.3, "tau_se": 0.1}}})
-    assert sampled_gaps(record, 3.0) == ["T=0.8: vLLM tau 1.020 vs draftline tau 2.300: difference 1.280 > "
+    assert sampled_gaps(record, 3.0) == ["T=0.8: served tau 1.020 vs draftline tau 2.300: difference 1.280 > "
                                          "3 standard errors (0.306)"]
     assert domain_failures(record, 0.15, 0.05, 3.0, gate_sampled=True) == sampled_gaps(record, 3.0)
     assert domain_failures(record, 0.15, 0.05, 3.0, gate_sampled=False) == []
