@@ -103,9 +103,16 @@ def test_sigterm_to_dvc_ends_the_stage_and_everything_it_started(params):
         _kill_leftovers(pids)
 
 
+def _hangups_by_default() -> None:
+    """A suite run under `nohup` passes SIGHUP ignored to every child, and a stage keeps an ignored SIGHUP
+    ignored (as nohup means); the stage under test is one started from a terminal."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _stage(params: Path, mode: str) -> tuple[subprocess.Popen, list[int]]:
     process = subprocess.Popen([sys.executable, "-c", STAGE, str(params), mode], cwd=REPO, env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=_hangups_by_default)
     line = process.stdout.readline()
     time.sleep(0.3)
     return process, _pids(f"{process.pid} {line}")
@@ -131,6 +138,24 @@ def test_a_stage_that_swallows_the_signal_is_ended_after_its_grace_period(params
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=30)
         assert process.returncode == 143 and "did not stop within 2 s of SIGTERM" in err
+        assert _all_gone(pids, 10), [pid for pid in pids if _alive(pid)]
+    finally:
+        _kill_leftovers(pids)
+
+
+def test_a_stage_started_under_nohup_keeps_ignoring_sighup(params):
+    process = subprocess.Popen([sys.executable, "-c", STAGE, str(params), "unwind"], cwd=REPO, env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    pids = _pids(f"{process.pid} {process.stdout.readline()}")
+    try:
+        time.sleep(0.3)
+        process.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert process.poll() is None and all(map(_alive, pids))  # the hangup changed nothing
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+        assert process.returncode == 143 and err.strip() == "draftline: terminated (SIGTERM)"
         assert _all_gone(pids, 10), [pid for pid in pids if _alive(pid)]
     finally:
         _kill_leftovers(pids)
