@@ -139,3 +139,26 @@ def test_unknown_tokenizer_fails_naming_the_key_and_the_key_fixes_it(exports, tm
     record = gguf_files.convert_verifier(verifier, tmp_path / "export", GgufConfig(pre_tokenizer="llama-bpe"))
     assert gguf_fields(tmp_path / "export" / gguf_files.VERIFIER_GGUF)["tokenizer.ggml.pre"] == "llama-bpe"
     assert len(record["sha256"]) == 64
+
+
+def test_a_conversion_failing_beside_the_onnx_export_fails_the_stage_and_writes_no_export(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """The stage converts a drafter to GGUF while it traces the drafter's ONNX graph: a converter that fails there
+    still fails the stage with its one line, and that kind's export dir is never written."""
+    import yaml
+
+    from export.export import main
+
+    root = tiny_workspace(tmp_path)
+    monkeypatch.setattr(gguf_files, "DRAFT_TYPES", (*gguf_files.DRAFT_TYPES, "no_such_type"))
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({
+        "project": {"artifacts_dir": str(root / "artifacts"), "metrics_dir": str(tmp_path / "metrics"),
+                    "plots_dir": str(tmp_path / "plots")},
+        "export": {"kinds": ["ar"], "tensorrt": "off", "parity_prompts": 1, "parity_steps": 2}}))
+    assert main(["--params", str(params)]) == 1
+    stderr = capsys.readouterr().err
+    error = stderr.strip().splitlines()[-1]  # the lines above it are the ONNX exporter's torchvision warnings
+    assert "Traceback" not in stderr and "llama.cpp's converter failed" in error and "no_such_type" in error
+    assert (root / "artifacts" / "export" / gguf_files.VERIFIER_GGUF).is_file()  # converted before the drafters
+    assert not (root / "artifacts" / "export" / "ar").exists()
