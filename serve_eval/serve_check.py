@@ -73,6 +73,7 @@ from pipeline.serving_rule import (
 )
 from pipeline.serving_venv import serve_python
 from pipeline.vllm_launch import command_line
+from serve_eval.forked_runner import ForkedRunner
 from serve_eval.launch_check import engine_args, launch_argv, serve_launch_command
 from serve_eval.serving_plots import write_serving_plots
 
@@ -135,27 +136,41 @@ def engine_env(config: ServeCheckConfig) -> dict[str, str]:
     return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib), "HF_HUB_OFFLINE": "1"}
 
 
-def run_engine(python: Path, job: dict, name: str, log_dir: Path, config: ServeCheckConfig) -> dict:
-    """One vLLM engine in the serving environment; the runner's result, or {"error": ...}."""
-    log = log_dir / f"{name}.log"
+def runner_env(config: ServeCheckConfig) -> dict[str, str]:
     # engine core in the runner's own process: its exceptions (not "engine core died") reach the result
-    env = {**engine_env(config), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    return {**engine_env(config), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def forked_runner(python: Path, log_dir: Path, config: ServeCheckConfig) -> ForkedRunner:
+    """The runner that forks every engine of the stage from one vLLM import."""
+    return ForkedRunner(python, RUNNER, runner_env(config), log_dir / "vllm-fork-server.log")
+
+
+def run_engine(python: Path, job: dict, name: str, log_dir: Path, config: ServeCheckConfig,
+               forked: ForkedRunner | None = None) -> dict:
+    """One vLLM engine in the serving environment, forked by `forked` or in a runner of its own; the runner's
+    result, or {"error": ...}."""
+    log = log_dir / f"{name}.log"
     with tempfile.TemporaryDirectory(prefix="serve_check_") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
         try:
-            with log.open("w", encoding="utf-8") as handle:
-                done = subprocess.run([str(python), "-I", str(RUNNER), str(job_path), str(result_path)], stdout=handle,
-                                      stderr=subprocess.STDOUT, env=env, timeout=config.engine_timeout_s, check=False,
-                                      preexec_fn=die_with_parent)
+            if forked is not None:
+                returncode = forked.run(job_path, result_path, log, config.engine_timeout_s)
+            else:
+                with log.open("w", encoding="utf-8") as handle:
+                    returncode = subprocess.run([str(python), "-I", str(RUNNER), str(job_path), str(result_path)],
+                                                stdout=handle, stderr=subprocess.STDOUT, env=runner_env(config),
+                                                timeout=config.engine_timeout_s, check=False,
+                                                preexec_fn=die_with_parent).returncode
         except subprocess.TimeoutExpired:
             return {"error": f"vLLM did not finish within {config.engine_timeout_s} s "
                              f"(serve_check.engine_timeout_s); log: {log}", "log": str(log)}
         # An engine that died (a signal, or an interpreter that failed before the runner could report) says
         # nothing about the drafter: the stage fails and serving.json keeps its last result.
-        check_not_killed(done.returncode, f"the vLLM runner ({name})", log)
+        check_not_killed(returncode, f"the vLLM runner ({name})", log)
         if not result_path.is_file():
-            raise DraftlineError(f"the vLLM runner ({name}) exited with code {done.returncode} without a result "
+            raise DraftlineError(f"the vLLM runner ({name}) exited with code {returncode} without a result "
                                  f"({_last_line(log)}); serving.json keeps its last result; log: {log}")
         return {**runner_result(result_path, job, log), "log": str(log)}
 
@@ -528,25 +543,26 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
         check_served_files(paths, kind, job, model_location(paths, read_record(paths)))
 
     info(f"serve_check: vLLM without speculation ({sum(map(len, prompts.values()))} prompts, {python})")
-    baseline = run_engine(python, engine_job(model, None, prompts, params), "baseline", log_dir, config)
-    report["baseline"] = {"engine_start_s": baseline.get("engine_start_s"), "error": baseline.get("error"),
-                          "log": baseline.get("log"),
-                          "tokens_per_s": {name: {d: r["tokens"] / max(r["wall_s"], 1e-9) for d, r in run.items()}
-                                           for name, run in baseline.get("runs", {}).items()}}
-    if baseline.get("error"):
-        status, why = classify_error(baseline["error"])
-        reason = f"the verifier alone did not run in vLLM: {why}"
-        report["drafters"] = {kind: {"status": status, "reason": reason, "domains": {}} for kind in jobs}
-        return finish(report, paths, measured)
+    with forked_runner(python, log_dir, config) as forked:
+        baseline = run_engine(python, engine_job(model, None, prompts, params), "baseline", log_dir, config, forked)
+        report["baseline"] = {"engine_start_s": baseline.get("engine_start_s"), "error": baseline.get("error"),
+                              "log": baseline.get("log"),
+                              "tokens_per_s": {name: {d: r["tokens"] / max(r["wall_s"], 1e-9) for d, r in run.items()}
+                                               for name, run in baseline.get("runs", {}).items()}}
+        if baseline.get("error"):
+            status, why = classify_error(baseline["error"])
+            reason = f"the verifier alone did not run in vLLM: {why}"
+            report["drafters"] = {kind: {"status": status, "reason": reason, "domains": {}} for kind in jobs}
+            return finish(report, paths, measured)
 
-    engine_jobs = {kind: engine_job(model, job["speculative_config"], prompts, params) for kind, job in jobs.items()}
-    results = {}
-    for kind, job in engine_jobs.items():
-        info(f"serve_check: vLLM with the {kind} drafter ({json.dumps(job['speculative_config'])}; runs: "
-             f"{', '.join(run['name'] for run in job['runs'])})")
-        results[kind] = run_engine(python, job, kind, log_dir, config)
-        if results[kind].get("error"):
-            info(f"serve_check: {kind}: {results[kind]['error']}")
+        engine_jobs = {kind: engine_job(model, job["speculative_config"], prompts, params) for kind, job in jobs.items()}
+        results = {}
+        for kind, job in engine_jobs.items():
+            info(f"serve_check: vLLM with the {kind} drafter ({json.dumps(job['speculative_config'])}; runs: "
+                 f"{', '.join(run['name'] for run in job['runs'])})")
+            results[kind] = run_engine(python, job, kind, log_dir, config, forked)
+            if results[kind].get("error"):
+                info(f"serve_check: {kind}: {results[kind]['error']}")
     loaded = [kind for kind in jobs if not results[kind].get("error")]
     missing = [kind for kind in loaded if kind not in generations]
     generations.update(draftline_runs(params, paths, missing, prompts) if missing else {})
