@@ -131,7 +131,7 @@ def test_training_reaches_the_markov_head_and_the_confidence_head_learns_accepta
     embed, head, _, _ = verifier_parts(verifier)
     loss, terms, _, _ = block_signals(model, targets, batch, cfg, position_weights(BLOCK), torch.Generator(), embed,
                                       head)
-    assert set(terms) == {"fkl", "confidence"} and 0 < float(terms["confidence"].detach()) < 10  # the default: no ce
+    assert set(terms) == {"ce", "fkl", "confidence"} and 0 < float(terms["confidence"].detach()) < 10  # the defaults
     terms["confidence"].backward(retain_graph=True)
     assert model.confidence_head.proj.weight.grad.abs().sum() > 0
     assert model.markov_head.markov_w1.weight.grad.abs().sum() > 0
@@ -182,7 +182,7 @@ def test_dspark_heads_belong_to_the_dspark_kind_and_a_dspark_block_is_not_denois
         parse_all({"train": {"dspark": {"markov_rank": 0}}})
     params = parse_all({"train": {"dspark": {"markov_rank": 16}}, "evaluate": {"confidence_threshold": 0.2}})
     loss = params.train.dspark.loss
-    assert params.train.dspark.confidence_head and (loss.ce, loss.fkl, loss.greedy_chain) == (0.0, 1.0, False)
+    assert params.train.dspark.confidence_head and (loss.ce, loss.fkl, loss.greedy_chain) == (0.1, 1.0, False)
     assert params.train.block.markov_rank == 0 and params.train.block.loss.greedy_chain
     with pytest.raises(DraftlineError, match="evaluate.denoise_steps: 1"):
         BlockDrafter(block_model(verifier, BLOCK, markov_rank=4), verifier, denoise_steps=2)
