@@ -117,18 +117,35 @@ def build_workspace(root: Path) -> None:
 
 # A serving environment that reports a vLLM but whose engines do not start: serve_check reads all it
 # reads before running vLLM, then records every drafter failed; what vLLM would load is `vllm_reads`.
-STUB_SERVING_PYTHON = """#!/bin/sh
-case "$2" in
-  *lineage.py) echo '{"python": "3", "vllm": "stub"}' ;;
-  *) echo '{"error": "stub serving environment: no engine"}' > "$4" ;;
-esac
+# It answers as `python -I SCRIPT ...` would: lineage.py's versions, a lone runner (job, result) or the fork
+# server (a job per stdin line, "started PID" and "exited CODE" each). `-I`: the read audit stays out of it.
+STUB_SERVING_PYTHON = """
+import json, os, sys
+
+NO_ENGINE = {"error": "stub serving environment: no engine"}
+
+
+def fail(result_path):
+    with open(result_path, "w", encoding="utf-8") as handle:
+        json.dump(NO_ENGINE, handle)
+
+
+if sys.argv[2].endswith("lineage.py"):
+    print(json.dumps({"python": "3", "vllm": "stub"}))
+elif sys.argv[3:] == ["--fork-server"]:
+    for line in sys.stdin:
+        fail(json.loads(line)[1])
+        print(f"started {os.getpid()}", flush=True)
+        print("exited 0", flush=True)
+else:
+    fail(sys.argv[4])
 """
 
 
 def stub_serving_env(root: Path) -> Path:
     python = root / "stub-serve-env" / "python"
     python.parent.mkdir(exist_ok=True)
-    python.write_text(STUB_SERVING_PYTHON, encoding="utf-8")
+    python.write_text(f"#!{sys.executable} -I\n{STUB_SERVING_PYTHON}", encoding="utf-8")
     python.chmod(0o755)
     return python
 
