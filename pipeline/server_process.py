@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,10 +32,21 @@ STOP_GRACE_S = 20.0
 CPU_SEEDED_SAMPLING_ARGS = ["--no-enable-chunked-prefill"]
 
 
+_handed_out: set[int] = set()
+_handing_out = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free now and never handed out before by this process: servers started side by side (serve_check's
+    launch commands) each bind theirs only seconds later, and the kernel may offer a port twice meanwhile."""
+    with _handing_out:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 def on_cpu() -> bool:

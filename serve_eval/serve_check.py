@@ -22,9 +22,9 @@ sampled τ differs from draftline's by more than `serve_check.sampled_z` standar
 `sampled_tolerance`; vLLM's draft sampling ignores request seeds, so its T > 0 numbers only compare
 within noise: `SAMPLED_NOTE`). It is `skipped` when vLLM's CPU kernels cannot run the model.
 
-With `serve_check.launch_command` (the default) every drafter that ran is then served once more by the
-command its launch.md shows for this vLLM build, on 127.0.0.1 and a free port, and driven by OpenAI
-completions requests (`serve_eval/launch_check.py`): the same runs, the same rule, and the result must
+With `serve_check.launch_command` (the default) every drafter that ran is also served by the command its
+launch.md shows for this vLLM build, on 127.0.0.1 and a free port, and driven by OpenAI completions requests
+(`serve_eval/launch_check.py`), started as soon as its in-process run is done and beside the next ones: the same runs, the same rule, and the result must
 agree with the in-process run (greedy outputs identical, τ within `serve_check.max_launch_tau_gap`,
 sampled τ within `serve_check.sampled_z` standard errors); a command that does not start or serves
 without speculation fails the drafter with vLLM's first error line. A failing drafter never fails the
@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -431,18 +432,28 @@ def agreement(launched: dict, in_process: dict, k: int, max_gap: float, sampled_
     return reasons
 
 
-def launch_command_record(python: Path, export_dir: Path, job: dict, in_process: dict, baseline: dict,
-                          generations: dict | None, config: ServeCheckConfig, log: Path) -> dict:
-    """The drafter served by launch.md's command: serve_check's pass rule on that run, and its agreement
-    with the in-process run."""
+def serve_by_launch_command(python: Path, export_dir: Path, job: dict, config: ServeCheckConfig, log: Path) -> dict:
+    """launch.md's command for `job`'s drafter, served and driven by OpenAI requests: its argv, the runner-shaped
+    result (or the reason it has no argv) and its wall time. Needs nothing from the in-process run, so it runs
+    beside the in-process engines (`run`)."""
     started = time.perf_counter()
     try:
         argv = launch_argv(export_dir, job, on_cpu())
     except DraftlineError as error:
-        return {"ran": False, "status": "failed", "reason": str(error), "agrees_with_in_process": False}
+        return {"argv": None, "result": {"error": str(error)}, "wall_s": time.perf_counter() - started}
     result = serve_launch_command(python, argv, job, log, config.engine_timeout_s, engine_env(config))
     if result.get("error"):
         result["error"] = explained(result["error"])
+    return {"argv": argv, "result": result, "wall_s": time.perf_counter() - started, "log": str(log)}
+
+
+def launch_command_record(served: dict, job: dict, in_process: dict, baseline: dict, generations: dict | None,
+                          config: ServeCheckConfig) -> dict:
+    """The drafter served by launch.md's command (`serve_by_launch_command`): serve_check's pass rule on that
+    run, and its agreement with the in-process run."""
+    argv, result = served["argv"], served["result"]
+    if argv is None:
+        return {"ran": False, "status": "failed", "reason": result["error"], "agrees_with_in_process": False}
     checked = check_drafter(job, result, baseline, generations, config)
     k = int(job["speculative_config"]["num_speculative_tokens"])
     disagreements = [] if result.get("error") else agreement(result, in_process, k, config.max_launch_tau_gap,
@@ -450,8 +461,8 @@ def launch_command_record(python: Path, export_dir: Path, job: dict, in_process:
     return {"command": command_line(argv), "added_args": ["--host", "127.0.0.1", "--port", "<free>", *engine_args(job)],
             "ran": not result.get("error"), "status": checked["status"], "reason": checked["reason"],
             "agrees_with_in_process": not result.get("error") and not disagreements, "disagreements": disagreements,
-            "engine_start_s": result.get("engine_start_s"), "wall_s": time.perf_counter() - started,
-            "log": str(log), "domains": checked["domains"]}
+            "engine_start_s": result.get("engine_start_s"), "wall_s": served["wall_s"],
+            "log": served["log"], "domains": checked["domains"]}
 
 
 def with_launch_command(entry: dict, launch: dict) -> dict:
@@ -543,7 +554,10 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
         check_served_files(paths, kind, job, model_location(paths, read_record(paths)))
 
     info(f"serve_check: vLLM without speculation ({sum(map(len, prompts.values()))} prompts, {python})")
-    with forked_runner(python, log_dir, config) as forked:
+    launches: dict[str, Future] = {}
+    # launch.md's servers start beside the in-process engines: each spends ~30 s importing vLLM in three
+    # processes, mostly one core's work, while the in-process engines run in the fork server
+    with forked_runner(python, log_dir, config) as forked, ThreadPoolExecutor(max_workers=len(jobs)) as launcher:
         baseline = run_engine(python, engine_job(model, None, prompts, params), "baseline", log_dir, config, forked)
         report["baseline"] = {"engine_start_s": baseline.get("engine_start_s"), "error": baseline.get("error"),
                               "log": baseline.get("log"),
@@ -557,25 +571,29 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
 
         engine_jobs = {kind: engine_job(model, job["speculative_config"], prompts, params) for kind, job in jobs.items()}
         results = {}
+        launch_started = None
         for kind, job in engine_jobs.items():
             info(f"serve_check: vLLM with the {kind} drafter ({json.dumps(job['speculative_config'])}; runs: "
                  f"{', '.join(run['name'] for run in job['runs'])})")
             results[kind] = run_engine(python, job, kind, log_dir, config, forked)
             if results[kind].get("error"):
                 info(f"serve_check: {kind}: {results[kind]['error']}")
+            elif config.launch_command:  # only a drafter that ran in process: the command's check compares with it
+                info(f"serve_check: the {kind} drafter served by launch.md's command, OpenAI requests")
+                launch_started = launch_started or time.perf_counter()
+                launches[kind] = launcher.submit(serve_by_launch_command, python, paths.export(kind), job, config,
+                                                 log_dir / f"{kind}.launch.log")
+        served = {kind: launch.result() for kind, launch in launches.items()}
+        if served:  # the first command's start to the last one's end: they overlap each other and the engines
+            report["launch_command_wall_s"] = time.perf_counter() - launch_started
     loaded = [kind for kind in jobs if not results[kind].get("error")]
     missing = [kind for kind in loaded if kind not in generations]
     generations.update(draftline_runs(params, paths, missing, prompts) if missing else {})
     for kind, job in engine_jobs.items():
         report["drafters"][kind] = check_drafter(job, results[kind], baseline, generations.get(kind), config)
-    if config.launch_command:
-        started = time.perf_counter()
-        for kind in loaded:
-            info(f"serve_check: the {kind} drafter served by launch.md's command, OpenAI requests")
-            launch = launch_command_record(python, paths.export(kind), engine_jobs[kind], results[kind], baseline,
-                                           generations.get(kind), config, log_dir / f"{kind}.launch.log")
-            report["drafters"][kind] = with_launch_command(report["drafters"][kind], launch)
-        report["launch_command_wall_s"] = time.perf_counter() - started
+    for kind, launch in served.items():
+        record = launch_command_record(launch, engine_jobs[kind], results[kind], baseline, generations.get(kind), config)
+        report["drafters"][kind] = with_launch_command(report["drafters"][kind], record)
     return finish(report, paths, measured)
 
 
