@@ -39,3 +39,19 @@ def test_an_unknown_variant_is_one_line(project, capsys):
     assert dspark_bench.main(["--params", str(project / "params.yaml"), "--variants", "dspark_r3"]) == 1
     err = capsys.readouterr().err
     assert "unknown variant(s) dspark_r3; choose from dflash, dspark_default" in err and "Traceback" not in err
+
+
+def test_every_variant_is_a_valid_section_and_the_lr_variants_set_their_rate():
+    """Each variant's overrides validate against the section it starts from, so none fails hours into a run; the
+    loss variants keep the learning rate they were measured with (2e-3) as the default moved to 4e-3."""
+    from pipeline.config.schema import parse_all
+    from train.block_bench import merged
+
+    train = parse_all({}).train
+    sections = {name: merged(getattr(train, section), overrides)
+                for name, (section, _, overrides) in dspark_bench.VARIANTS.items()}
+    assert train.dspark.trainer.learning_rate == 4e-3 == sections["dspark_default"].trainer.learning_rate
+    assert {name: sections[name].trainer.learning_rate for name in ("dspark_ce010", "dspark_fkl_t08", "dspark_lr3e3",
+                                                                     "dspark_lr6e3")} == \
+        {"dspark_ce010": 2e-3, "dspark_fkl_t08": 2e-3, "dspark_lr3e3": 3e-3, "dspark_lr6e3": 6e-3}
+    assert (sections["dspark_fkl_t08"].loss.ce, sections["dspark_fkl_t08"].loss.temperature) == (0.0, 0.8)

@@ -10,9 +10,42 @@ from pipeline.config.section import cross_check
 from pipeline.drafters.block.config import (
     BlockFamilyConfig,
     BlockLossConfig,
+    BlockTrainerConfig,
     check_target_layers,
     feature_layers,  # noqa: F401  every kind's config names the layers its drafter reads (features_config.py)
 )
+
+
+# DSpark's own defaults live in subclasses, not in default instances: a partial `loss:` or `trainer:` in
+# params.yaml is validated field by field against the class, so it keeps every default it does not name.
+class DSparkLossConfig(BlockLossConfig):
+    """`train.dspark.loss`: the block loss, defaulting to the verifier's distribution (forward KL) on every path
+    with a little argmax CE beside it.
+
+    Forward KL because the Markov head must learn what follows a sampled token and sampled drafts are accepted
+    by how close the draft distribution is to the verifier's; argmax CE at 0.1 gives back the greedy τ forward
+    KL alone gives up. python -m train.dspark_bench on the demo (500 steps, 12 prompts a domain, 64 tokens, AVX2
+    kernels), τ code / text against forward KL alone: T=0 3.75 / 4.24 vs 3.32 / 3.46 (the plain block drafter
+    3.37 / 4.09), T=0.8 2.60 / 2.72 vs 2.52 / 2.62; CE at 0.25: T=0 3.88 / 4.68 but T=0.8 2.43 / 2.47; CE at 1
+    (measured earlier) T=0.8 1.84 / 1.96.
+    """
+
+    ce: float = Field(0.1, ge=0)
+    greedy_chain: StrictBool = Field(
+        False, description="labels on every path, sampled detours included: the Markov head learns what follows a "
+        "sampled token (the block kind's default is True)",
+    )
+
+
+class DSparkTrainerConfig(BlockTrainerConfig):
+    """`train.dspark.trainer`: the block trainer with DSpark's learning rate."""
+
+    learning_rate: float = Field(
+        4e-3, gt=0, lt=1, description="python -m train.dspark_bench on the demo (500 steps, 12 prompts a domain, "
+        "64 tokens, AVX2 kernels), tau code / text against 2e-3 (the block kind's): seed 0 T=0 3.80 / 4.52 vs "
+        "3.75 / 4.24, T=0.8 2.80 / 3.11 vs 2.60 / 2.72; seed 1 T=0 3.84 / 4.34 vs 3.54 / 4.34, T=0.8 2.78 / 2.92 vs "
+        "2.57 / 2.69; 3e-3 (seed 0) T=0.8 2.58 / 2.83",
+    )
 
 
 class DSparkDrafterConfig(BlockFamilyConfig):
@@ -30,13 +63,8 @@ class DSparkDrafterConfig(BlockFamilyConfig):
         True, description="a per-position acceptance estimate (vLLM's confidence_head), trained on the detached "
         "drafter: decoding may cut a block short with evaluate.confidence_threshold > 0",
     )
-    # The verifier's distribution (forward KL) on every path: the Markov head must learn what follows a sampled
-    # token, and sampled drafts are accepted by how close the draft distribution is to the verifier's; argmax CE
-    # at 0.1 beside it gives back the greedy τ forward KL alone gives up. python -m train.dspark_bench on the demo
-    # (500 steps, 12 prompts a domain, 64 tokens, AVX2 kernels), τ code / text against forward KL alone:
-    # T=0 3.75 / 4.24 vs 3.32 / 3.46 (the plain block drafter 3.37 / 4.09), T=0.8 2.60 / 2.72 vs 2.52 / 2.62;
-    # CE at 0.25: T=0 3.88 / 4.68 but T=0.8 2.43 / 2.47; CE at 1 (measured earlier) T=0.8 1.84 / 1.96.
-    loss: BlockLossConfig = BlockLossConfig(ce=0.1, fkl=1.0, greedy_chain=False)
+    loss: DSparkLossConfig = DSparkLossConfig()
+    trainer: DSparkTrainerConfig = DSparkTrainerConfig()
 
 
 @cross_check("train", "verifier")
