@@ -24,10 +24,10 @@ within noise: `SAMPLED_NOTE`). It is `skipped` when vLLM's CPU kernels cannot ru
 
 With `serve_check.launch_command` (the default) every drafter that ran is also served by the command its
 launch.md shows for this vLLM build, on 127.0.0.1 and a free port, and driven by OpenAI completions requests
-(`serve_eval/launch_check.py`), started as soon as its in-process run is done and beside the next ones: the same runs, the same rule, and the result must
-agree with the in-process run (greedy outputs identical, τ within `serve_check.max_launch_tau_gap`,
-sampled τ within `serve_check.sampled_z` standard errors); a command that does not start or serves
-without speculation fails the drafter with vLLM's first error line. A failing drafter never fails the
+(`serve_eval/launch_check.py`), started as soon as its in-process run is done, beside the next engines: the
+same runs, the same rule, and the result must agree with the in-process run (greedy outputs identical, τ
+within `serve_check.max_launch_tau_gap`, sampled τ within `serve_check.sampled_z` standard errors); a
+command that does not start or serves without speculation fails the drafter with vLLM's first error line. A failing drafter never fails the
 stage; `serve_check.required` makes `promote` refuse it.
 """
 

@@ -57,10 +57,11 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
                        {"loss": {"ce": 0.0, "temperature": 0.8}, **LR_2E3}),
     "dspark_ce010_t08": ("dspark", "argmax CE at weight 0.1, forward KL at temperature 0.8, lr 2e-3",
                          {"loss": {"ce": 0.1, "temperature": 0.8}, **LR_2E3}),
-    # the learning rate (CE 0.1 + forward KL; dspark_ce010 is its 2e-3 row): 4e-3 became train.dspark's default
+    # the learning rate (CE 0.1 + forward KL; dspark_ce010 is its 2e-3 row): 6e-3 became train.dspark's default
     "dspark_lr3e3": ("dspark", "learning rate 3e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 3e-3}}),
     "dspark_lr4e3": ("dspark", "learning rate 4e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 4e-3}}),
     "dspark_lr6e3": ("dspark", "learning rate 6e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 6e-3}}),
+    "dspark_lr8e3": ("dspark", "learning rate 8e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 8e-3}}),
     "dspark_block4": ("dspark", "block size 4 (k=3)", {"block_size": 4}),
     "dspark_block12": ("dspark", "block size 12 (k=11)", {"block_size": 12}),
     # half the anchored blocks per sequence: the step's compute halves (0.19 s against 0.33 s, 2 cores)

@@ -184,10 +184,10 @@ def test_dspark_heads_belong_to_the_dspark_kind_and_a_dspark_block_is_not_denois
     loss = params.train.dspark.loss
     assert params.train.dspark.confidence_head and (loss.ce, loss.fkl, loss.greedy_chain) == (0.1, 1.0, False)
     assert params.train.block.markov_rank == 0 and params.train.block.loss.greedy_chain
-    assert params.train.dspark.trainer.learning_rate == 4e-3 and params.train.block.trainer.learning_rate == 2e-3
+    assert params.train.dspark.trainer.learning_rate == 6e-3 and params.train.block.trainer.learning_rate == 2e-3
     # a partial loss or trainer section keeps DSpark's defaults for what it does not name, not the block kind's
     partial = parse_all({"train": {"dspark": {"loss": {"temperature": 0.8}, "trainer": {"max_steps": 7}}}}).train.dspark
     assert (partial.loss.ce, partial.loss.greedy_chain, partial.loss.temperature) == (0.1, False, 0.8)
-    assert (partial.trainer.learning_rate, partial.trainer.max_steps, partial.trainer.optimizer) == (4e-3, 7, "muon")
+    assert (partial.trainer.learning_rate, partial.trainer.max_steps, partial.trainer.optimizer) == (6e-3, 7, "muon")
     with pytest.raises(DraftlineError, match="evaluate.denoise_steps: 1"):
         BlockDrafter(block_model(verifier, BLOCK, markov_rank=4), verifier, denoise_steps=2)
