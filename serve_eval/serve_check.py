@@ -27,8 +27,8 @@ launch.md shows for this vLLM build, on 127.0.0.1 and a free port, and driven by
 (`serve_eval/launch_check.py`), started as soon as its in-process run is done, beside the next engines: the
 same runs, the same rule, and the result must agree with the in-process run (greedy outputs identical, τ
 within `serve_check.max_launch_tau_gap`, sampled τ within `serve_check.sampled_z` standard errors); a
-command that does not start or serves without speculation fails the drafter with vLLM's first error line. A failing drafter never fails the
-stage; `serve_check.required` makes `promote` refuse it.
+command that does not start or serves without speculation fails the drafter with vLLM's first error line.
+A failing drafter never fails the stage; `serve_check.required` makes `promote` refuse it.
 """
 
 from __future__ import annotations
