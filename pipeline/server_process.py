@@ -140,6 +140,25 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+_up: set[subprocess.Popen] = set()  # every server `running_server` holds open now, in any thread
+_up_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def servers_stopped_on_error() -> Iterator[None]:
+    """A block that drives servers from other threads (serve_check's launch commands): when it unwinds with an
+    exception (Ctrl-C, SIGTERM, a failure) every server still up is stopped at once, so those threads' requests
+    fail fast and the threads' pool is not left waiting for servers nobody reads any more."""
+    try:
+        yield
+    except BaseException:
+        with _up_lock:
+            up = list(_up)
+        for process in up:
+            stop_group(process)
+        raise
+
+
 @contextlib.contextmanager
 def running_server(command: list[str], port: int, log_path: Path, timeout_s: float, timeout_key: str,
                    env: dict[str, str] | None = None, pythonpath: Path | None = None) -> Iterator[subprocess.Popen]:
@@ -154,8 +173,12 @@ def running_server(command: list[str], port: int, log_path: Path, timeout_s: flo
     with _sigterm_as_interrupt(), open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=env, start_new_session=True, preexec_fn=die_with_parent)
+        with _up_lock:
+            _up.add(process)
         try:
             wait_ready(process, port, timeout_s, log_path, timeout_key)
             yield process
         finally:
             stop_group(process)
+            with _up_lock:
+                _up.discard(process)

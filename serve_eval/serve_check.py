@@ -63,7 +63,7 @@ from pipeline.lineage import library_versions, read_json
 from pipeline.paths import ArtifactPaths
 from pipeline.process_tree import die_with_parent
 from pipeline.progress import console, info, warn
-from pipeline.server_process import check_not_killed, on_cpu
+from pipeline.server_process import check_not_killed, on_cpu, servers_stopped_on_error
 from pipeline.serving_rule import (
     BATCHED,
     SINGLE,
@@ -557,7 +557,8 @@ def run(params: ServeCheckParams, args: argparse.Namespace) -> dict:
     launches: dict[str, Future] = {}
     # launch.md's servers start beside the in-process engines: each spends ~30 s importing vLLM in three
     # processes, mostly one core's work, while the in-process engines run in the fork server
-    with forked_runner(python, log_dir, config) as forked, ThreadPoolExecutor(max_workers=len(jobs)) as launcher:
+    with forked_runner(python, log_dir, config) as forked, ThreadPoolExecutor(max_workers=len(jobs)) as launcher, \
+            servers_stopped_on_error():
         baseline = run_engine(python, engine_job(model, None, prompts, params), "baseline", log_dir, config, forked)
         report["baseline"] = {"engine_start_s": baseline.get("engine_start_s"), "error": baseline.get("error"),
                               "log": baseline.get("log"),
