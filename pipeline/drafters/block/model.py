@@ -141,7 +141,6 @@ class DFlashAttention(nn.Module):
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
-        self.rope_theta = config.rope_theta
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
@@ -153,17 +152,18 @@ class DFlashAttention(nn.Module):
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
 
-    def key_value(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, T, D) at absolute positions (B, T) -> roped, normed keys and values (B, H_kv, T, head_dim)."""
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
-        keys = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
+    def key_value(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """(B, T, D) with the rotary (cos, sin) of its absolute positions (`rope_cos_sin`) -> roped, normed keys
+        and values (B, H_kv, T, head_dim)."""
+        keys = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), *rope)
         return keys, self._heads(self.v_proj(x), self.num_kv_heads)
 
-    def forward(self, x: Tensor, positions: Tensor, context_kv: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
-        """Block queries (B, Q, D) over keys [context; block]; `mask` (B, 1, Q, T_ctx + Q) bool, True = visible."""
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
-        queries = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), cos, sin)
-        block_keys, block_values = self.key_value(x, positions)
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], context_kv: tuple[Tensor, Tensor],
+                mask: Tensor | None) -> Tensor:
+        """Block queries (B, Q, D) over keys [context; block]; `mask` (B, 1, Q, T_ctx + Q) bool, True = visible,
+        or None where every key is visible."""
+        queries = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), *rope)
+        block_keys, block_values = self.key_value(x, rope)
         keys = torch.cat([context_kv[0], block_keys], dim=2)
         values = torch.cat([context_kv[1], block_values], dim=2)
         out = F.scaled_dot_product_attention(
@@ -182,8 +182,9 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, x: Tensor, positions: Tensor, context_kv: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, context_kv, mask)
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], context_kv: tuple[Tensor, Tensor],
+                mask: Tensor | None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, context_kv, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -277,8 +278,13 @@ class DFlashDraftModel(PreTrainedModel):
         selected = [hidden_states[layer_id + 1] for layer_id in self.config.target_layer_ids]
         return self.hidden_norm(self.fc(torch.cat(selected, dim=-1).to(self.fc.weight.dtype)))
 
+    def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Rotary (cos, sin) at absolute positions (B, T), computed once per pass for every layer."""
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+
     def context_key_values(self, features: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
-        return [layer.self_attn.key_value(features, positions) for layer in self.layers]
+        rope = self.rope(positions, features.dtype)
+        return [layer.self_attn.key_value(features, rope) for layer in self.layers]
 
     def new_context_cache(self) -> DFlashContextCache:
         return DFlashContextCache()
@@ -317,8 +323,9 @@ class DFlashDraftModel(PreTrainedModel):
         self, block_embeds: Tensor, positions: Tensor, context_kv: list[tuple[Tensor, Tensor]], mask: Tensor | None
     ) -> Tensor:
         hidden = block_embeds
+        rope = self.rope(positions, block_embeds.dtype)
         for layer, kv in zip(self.layers, context_kv):
-            hidden = layer(hidden, positions, kv, mask)
+            hidden = layer(hidden, rope, kv, mask)
         return self.norm(hidden)
 
     def block_logits(
@@ -331,6 +338,7 @@ class DFlashDraftModel(PreTrainedModel):
         anchor_positions: Tensor,
         embed_tokens: nn.Module,
         lm_head: nn.Module | None,
+        sees_all: bool = False,
     ) -> Tensor:
         """The one DFlash pass that training, drafting and the ONNX graph all run.
 
@@ -338,13 +346,15 @@ class DFlashDraftModel(PreTrainedModel):
         mask embedding. Context keys/values per layer (B, H_kv, T, head_dim) sit at context_positions
         (B, T), `context_valid` (B, T) or None. Returns logits (B, N, L−1, V) for block positions 1..L−1,
         or with `lm_head` None the normed hidden states (B, N, L−1, D) the LM head (and a DSpark
-        confidence head) reads.
+        confidence head) reads. `sees_all`: the caller has checked that the mask would show every key (all
+        context valid and before every anchor, blocks not causal, one block), so attention runs unmasked.
         """
         batch, n_blocks, size = block_ids.shape
         offsets = torch.arange(size, device=block_ids.device)
         positions = (anchor_positions[..., None] + offsets).reshape(batch, n_blocks * size)
         embeds = self.embed_block(block_ids, masked, embed_tokens).reshape(batch, n_blocks * size, -1)
-        mask = block_attention_mask(context_positions, context_valid, anchor_positions, size, self.config.causal)
+        mask = None if sees_all else block_attention_mask(context_positions, context_valid, anchor_positions, size,
+                                                          self.config.causal)
         hidden = self.run_layers(embeds, positions, context_kv, mask).view(batch, n_blocks, size, -1)[:, :, 1:]
         return hidden if lm_head is None else lm_head(hidden)
 
@@ -417,14 +427,24 @@ class DFlashDraftModel(PreTrainedModel):
             raise ValueError(f"denoise_steps must be >= 1, got {denoise_steps}")
         size = self.block_size
         block_ids, masked = anchor_blocks(anchor_ids[:, None], size)
-        block_ids, masked = block_ids.clone(), masked.clone()
         context_kv = list(zip(cache.keys, cache.values))
+        # decoding drafts after its committed prefix, so the position gate hides nothing: skip building the mask
+        sees_all = not self.config.causal and bool((cache.positions < anchor_positions[:, None]).all())
+
+        def one_pass(ids: Tensor, still: Tensor) -> Tensor:
+            return self.block_logits(context_kv, cache.positions, None, ids, still, anchor_positions[:, None],
+                                     embed_tokens, None, sees_all)[:, 0]
+
         passes = min(denoise_steps, size - 1)
+        if passes == 1:  # one pass commits every position: none of the unmasking bookkeeping below
+            hidden = one_pass(block_ids, masked)
+            logits = lm_head(hidden)
+            return (logits.argmax(-1), logits, hidden) if return_hidden else (logits.argmax(-1), logits)
+        block_ids, masked = block_ids.clone(), masked.clone()
         final_logits: Tensor | None = None
         hidden: Tensor | None = None
         for step in range(passes):
-            hidden = self.block_logits(context_kv, cache.positions, None, block_ids, masked, anchor_positions[:, None],
-                                       embed_tokens, None)[:, 0]
+            hidden = one_pass(block_ids, masked)
             logits = lm_head(hidden)
             still_masked = masked[:, 0, 1:]
             if final_logits is None:
