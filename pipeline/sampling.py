@@ -39,8 +39,23 @@ def warp_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     return logits.softmax(-1)
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One index per row of `probs` (..., V), index v with probability probs[v] / the row's sum: the first index
+    whose cumulative mass reaches u · sum for u uniform on (0, 1] (inverse transform sampling).
+
+    Exact up to float64 sums, and never an index of zero probability (the mass has to grow at an index for it
+    to be the first to reach a positive value). `torch.multinomial` draws the same distribution, but its CPU
+    kernel draws V exponentials per row: a DSpark block drafts 7 tokens one by one, and drawing them took ~0.3 ms
+    of a ~4 ms decoding step (one row 27 µs against 10 µs here; 7 rows at once 145 µs against 15 µs; V = 1024,
+    2 AVX2 cores)."""
+    cdf = probs.double().cumsum(-1)
+    uniform = 1.0 - torch.rand(cdf.shape[:-1] + (1,), generator=generator, dtype=torch.float64).to(cdf.device)
+    return torch.searchsorted(cdf, uniform * cdf[..., -1:]).squeeze(-1)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """One token id from a distribution over the vocabulary (V,)."""
+    return int(draw(probs, generator))
 
 
 def greedy_accept(draft_ids: list[int], target_logits: torch.Tensor) -> tuple[int, int]:

@@ -6,7 +6,7 @@ import torch
 from scipy.stats import chisquare
 
 from pipeline.config.sampling_config import SamplingConfig
-from pipeline.sampling import greedy_accept, rejection_accept, warp_probs
+from pipeline.sampling import draw, greedy_accept, rejection_accept, warp_probs
 
 
 def one_hot_logits(ids, vocab=6):
@@ -35,6 +35,25 @@ def test_warp_top_k_and_top_p_keep_the_right_tokens():
     assert warp_probs(logits, SamplingConfig(temperature=1.0, top_p=0.4)).tolist() == [1.0, 0.0, 0.0, 0.0]
     sharp = warp_probs(logits, SamplingConfig(temperature=0.5))
     assert sharp[0] > 0.5 and torch.isclose(sharp.sum(), torch.tensor(1.0))
+
+
+def test_draw_samples_each_row_from_its_distribution_and_never_a_zero():
+    # rows drawn together, as a DFlash block is; zeros at both ends and inside, unnormalised rows (the mass is
+    # read off the cumulative sum), and a row whose only mass is its last index (u = 1 reaches exactly there)
+    probs = torch.tensor([[0.0, 0.2, 0.0, 0.5, 0.3, 0.0],
+                          [2.0, 0.0, 1.0, 0.0, 0.0, 1.0],
+                          [0.0, 0.0, 0.0, 0.0, 0.0, 7.0]])
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.stack([draw(probs, generator) for _ in range(6000)])
+    assert draws.shape == (6000, 3) and draws.dtype == torch.long
+    for row in range(3):
+        counts = torch.bincount(draws[:, row], minlength=6).double()
+        expected = probs[row].double() / probs[row].sum() * len(draws)
+        assert (counts[expected == 0] == 0).all(), f"row {row} drew a token of probability 0"
+        kept = expected > 0
+        if kept.sum() > 1:
+            assert chisquare(counts[kept].numpy(), expected[kept].numpy()).pvalue > 1e-3
+    assert draw(torch.tensor([0.0, 1.0, 0.0]), generator).shape == ()
 
 
 # ---------------------------------------------------------------- chi-square: joint over two positions

@@ -371,6 +371,10 @@ class DFlashDraftModel(PreTrainedModel):
         position drafts from. Training passes the verifier's tokens, drafting the tokens it just drafted."""
         return base_logits + self.markov_head.bias(self.markov_embed(prev_ids)).to(base_logits.dtype)
 
+    def markov_bias_table(self) -> Tensor:
+        """(V, V): row v is the Markov bias after token v, what `markov_logits` adds to a position's logits."""
+        return self.markov_head.bias(self.markov_head.markov_w1.weight)
+
     def confidence_logits(self, hidden: Tensor, prev_ids: Tensor) -> Tensor:
         """Acceptance logits (...) of positions with hidden states (..., D) after tokens `prev_ids` (...)."""
         if self.confidence_head is None:

@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 from pipeline.config.sampling_config import SamplingConfig
 from pipeline.drafters.eagle3.model import Eagle3Cache, Eagle3DraftModel
-from pipeline.sampling import warp_probs
+from pipeline.sampling import sample, warp_probs
 
 
 class Eagle3HeadBackend(Protocol):
@@ -114,7 +114,7 @@ class Eagle3Proposer:
                 token = int(logits.argmax())
             else:
                 q = warp_probs(logits, sampling)
-                token = int(torch.multinomial(q, 1, generator=generator))
+                token = sample(q, generator)
                 probs.append(q)
             drafts.append(token)
             if i + 1 < k:

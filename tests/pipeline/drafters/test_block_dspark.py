@@ -13,6 +13,7 @@ import torch
 
 from pipeline.config.sampling_config import SamplingConfig
 from pipeline.config.schema import parse_all
+from pipeline.drafters.block import decoding
 from pipeline.drafters.block.anchors import block_targets
 from pipeline.drafters.block.config import BlockDrafterConfig
 from pipeline.drafters.block.decoding import BlockDrafter, BlockProposer
@@ -66,14 +67,21 @@ def proposer_after(model, verifier, tokens, threshold=0.0):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.3])
-def test_drafting_chains_the_markov_head_exactly_as_training_teacher_forces_it(verifier, temperature):
+@pytest.mark.parametrize("route", ["bias table", "markov head"])
+def test_drafting_chains_the_markov_head_exactly_as_training_teacher_forces_it(verifier, temperature, route,
+                                                                              monkeypatch):
     """Drafts through the proposer, then the same block through the training forward with those drafts as the
-    verifier's tokens: every position's biased distribution (q at T > 0, the argmax at T = 0) agrees."""
+    verifier's tokens: every position's biased distribution (q at T > 0, the argmax at T = 0) agrees, whether
+    the proposer reads the precomputed bias table (small vocabularies) or runs the head per token (large ones)."""
+    if route == "markov head":
+        monkeypatch.setattr(decoding, "MARKOV_TABLE_MAX_ENTRIES", 0)
     model = block_model(verifier, BLOCK, seed=3, markov_rank=6)
     sampling = SamplingConfig(temperature=temperature)
     generator = torch.Generator().manual_seed(1)
     for tokens in PROMPTS:
-        drafts, q = proposer_after(model, verifier, tokens).propose(tokens, BLOCK - 1, sampling, generator)
+        proposer = proposer_after(model, verifier, tokens)
+        assert (proposer.markov_table is None) == (route == "markov head")
+        drafts, q = proposer.propose(tokens, BLOCK - 1, sampling, generator)
         biased, _ = teacher_forced(model, verifier, tokens, drafts)
         if temperature == 0:
             assert q is None and drafts == biased.argmax(-1).tolist()
