@@ -49,8 +49,10 @@ def evaluate_cells(verifier, proposers: dict[str, Proposer], prompts: list[list[
     and repeat: the baseline decodes the same tokens whichever drafter it is timed against, so it runs once,
     in the same back-to-back group as the drafters' runs. Up to `repeats` passes; from the second on, the
     passes stop once every drafter's speedup spread is at most `settled_spread` (a pass that load ruined
-    shows as a wide spread, and the next one outvotes it). `peer_drafters[kind]` (model, draft tokens): HF
-    assisted generation timed for that kind, first repeat only."""
+    shows as a wide spread, and the next one outvotes it). Every pass seeds its runs afresh: sampled, it
+    draws new tokens, and acceptance counts every pass's drafts (τ over 12 prompts and one seed moved by
+    ±0.1-0.15 from seed to seed); greedy, every pass decodes the same tokens, counted once. `peer_drafters[kind]`
+    (model, draft tokens): HF assisted generation timed for that kind, first repeat only."""
     peer_drafters = peer_drafters or {}
     tallies = {kind: CellSums() for kind in proposers}
     run = dict(sampling=sampling, eos_token_id=eos_token_id)
@@ -63,9 +65,8 @@ def evaluate_cells(verifier, proposers: dict[str, Proposer], prompts: list[list[
                       generator=torch.Generator().manual_seed(seed + seed_offset), **run)
 
     def add_first_pass(kind: str, spec: Generation, base: Generation, prompt: list[int]) -> None:
-        """Acceptance, lossless check and the peer's time: every pass decodes the same tokens, so once."""
+        """The lossless check and the peer's time: once."""
         tally = tallies[kind]
-        tally.add(spec, base)
         if sampling.greedy and spec.new_ids != base.new_ids:
             tally.mismatches += 1
         if kind in peer_drafters:
@@ -86,11 +87,13 @@ def evaluate_cells(verifier, proposers: dict[str, Proposer], prompts: list[list[
             for index, prompt in enumerate(prompts):
                 shift = (index + repeat) % len(group)  # rotate the order so drift (thermal, caches) hits every side
                 outputs = {kind: one_run(prompt, None if kind is None else proposers[kind],
-                                         index if kind is None else 10_000 + index)
+                                         (2 * repeat + (kind is not None)) * len(prompts) + index)
                            for kind in group[shift:] + group[:shift]}
                 base = outputs.pop(None)
                 for kind, spec in outputs.items():
                     tallies[kind].add_time(repeat, spec, base)
+                    if not repeat or not sampling.greedy:
+                        tallies[kind].add(spec, repeat)
                     if not repeat:
                         add_first_pass(kind, spec, base, prompt)
                 bar.update()

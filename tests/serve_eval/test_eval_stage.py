@@ -126,12 +126,39 @@ def test_speedup_is_the_median_repeat_and_its_spread_is_recorded():
     tally = CellSums()
     for repeat, (spec_s, base_s) in enumerate([(1.0, 2.0), (4.0, 2.0), (1.0, 1.5)]):  # one repeat hit by load
         spec, base = Generation([1], [5] * 8, wall_s=spec_s), Generation([1], [5] * 8, wall_s=base_s)
-        if repeat == 0:
-            tally.add(spec, base)
         tally.add_time(repeat, spec, base)
     metrics = tally.metrics()
     assert metrics["speedup_runs"] == [2.0, 0.5, 1.5] and metrics["speedup"] == 1.5
     assert metrics["speedup_spread"] == 1.0  # (2.0 - 0.5) / 1.5
+    # a sampled pass draws its own tokens: each repeat's speedup is its own tokens/s ratio
+    tally.add_time(3, Generation([1], [5] * 4, wall_s=1.0), Generation([1], [5] * 8, wall_s=1.0))
+    assert tally.metrics()["speedup_runs"][3] == 0.5
+
+
+def test_sampled_passes_draw_afresh_and_tau_counts_every_pass(tiny_workspace, monkeypatch):
+    """Every pass seeds its runs anew: at T > 0 the passes decode different tokens and acceptance sums all of
+    them; at T = 0 they decode the same tokens, counted once."""
+    import serve_eval.evaluate as evaluate
+
+    monkeypatch.chdir(tiny_workspace)
+    outputs = []
+    real_decode = evaluate.decode
+    monkeypatch.setattr(evaluate, "decode", lambda *args, **kw: outputs.append(
+        (kw["sampling"].temperature, kw.get("proposer") is not None, real_decode(*args, **kw))) or outputs[-1][2])
+    params = evaluate_params(tiny_workspace, temperatures=[0.0, 0.8], drafters=["ar"], peer_baseline=False,
+                             timing_repeats=2, settled_spread=1e9, max_new_tokens=16)
+    assert main(["--params", params]) == 0
+    cells = json.loads((tiny_workspace / "metrics/eval.json").read_text())["drafters"]["ar"]["by_temperature"]
+    for key, temperature, passes in (("0.0", 0.0, 1), ("0.8", 0.8, 2)):
+        for metrics in cells[key].values():
+            assert metrics["passes"] == passes and metrics["prompts"] == 2
+        runs = [g for t, drafted, g in outputs if t == temperature and drafted][1:]  # after the warm-up
+        first, second = runs[:2], runs[2:4]  # the first domain's prompts, pass by pass
+        same = [a.new_ids == b.new_ids for a, b in zip(first, second)]
+        assert all(same) if temperature == 0 else not all(same)
+        code = cells[key][sorted(cells[key])[0]]
+        counted = first + second if temperature else first
+        assert code["tau"] == sum(len(g.new_ids) for g in counted) / sum(g.verifier_forwards for g in counted)
 
 
 def test_evaluate_says_when_the_timing_is_too_noisy(tiny_workspace, monkeypatch, capsys):
