@@ -50,8 +50,8 @@ def evaluate_cells(verifier, proposers: dict[str, Proposer], prompts: list[list[
     in the same back-to-back group as the drafters' runs. Up to `repeats` passes; from the second on, the
     passes stop once every drafter's speedup spread is at most `settled_spread` (a pass that load ruined
     shows as a wide spread, and the next one outvotes it). Every pass seeds its runs afresh: sampled, it
-    draws new tokens, and acceptance counts every pass's drafts (τ over 12 prompts and one seed moved by
-    ±0.1-0.15 from seed to seed); greedy, every pass decodes the same tokens, counted once. `peer_drafters[kind]`
+    draws new tokens, and acceptance counts every pass's drafts (one seed's sampled τ over 12 prompts varies
+    by about ±0.1); greedy, every pass decodes the same tokens, counted once. `peer_drafters[kind]`
     (model, draft tokens): HF assisted generation timed for that kind, first repeat only."""
     peer_drafters = peer_drafters or {}
     tallies = {kind: CellSums() for kind in proposers}
