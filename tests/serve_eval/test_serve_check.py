@@ -403,7 +403,10 @@ def test_vllm_tau_matches_draftline_tau(served):
             assert record["draftline_same_outputs"] == 2  # vLLM's greedy output equals draftline's here
             sampled = record["sampled"]["T=0.8"]
             assert sampled["vllm"]["num_drafts"] > 0 and sampled["draftline"]["drafting_steps"] > 1
-            assert sampled["tolerance"] > 0 and sampled["tau_diff"] >= 0
+            # within the noise of both sides; no noise only where neither side's acceptance varied (the tiny EAGLE-3
+            # head, fitted to greedy, can accept nothing at T=0.8 on both), and then the two agree exactly
+            assert 0 <= sampled["tau_diff"] <= sampled["tolerance"]
+            assert sampled["tolerance"] > 0 or sampled["tau_diff"] == 0
     assert any(1.0 < r["single"]["vllm"]["tau"] < K + 1 for r in report["drafters"]["ar"]["domains"].values())
     assert all(r["single"]["vllm"]["tau"] > 1.5 for r in report["drafters"]["eagle3"]["domains"].values())  # fitted head
     rows = (paths.plots / "serving_tau.csv").read_text().splitlines()
