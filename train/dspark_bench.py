@@ -34,39 +34,43 @@ from serve_eval.loading import load_test_prompts, load_verifier_for_decoding
 from train.block_bench import Variant, merged, train_variant
 
 LR_2E3 = {"trainer": {"learning_rate": 2e-3}}
+# the DSpark variants measured when train.dspark had two layers keep them, so each stays what docs/results.md reports
+TWO_LAYERS = {"num_layers": 2}
 # name: (the section it starts from, what it changes, its overrides of that section)
 VARIANTS: dict[str, tuple[str, str, dict]] = {
     "dflash": ("block", "plain DFlash: train.block as configured", {}),
     "dspark_default": ("dspark", "train.dspark as configured", {}),
-    "dspark_r16": ("dspark", "Markov head rank 16", {"markov_rank": 16}),
-    "dspark_r256": ("dspark", "Markov head rank 256", {"markov_rank": 256}),
+    "dspark_r16": ("dspark", "Markov head rank 16", {"markov_rank": 16, **TWO_LAYERS}),
+    "dspark_r256": ("dspark", "Markov head rank 256", {"markov_rank": 256, **TWO_LAYERS}),
     "dspark_no_confidence": ("dspark", "no confidence head (its loss also shapes the Markov embedding)",
-                             {"confidence_head": False}),
+                             {"confidence_head": False, **TWO_LAYERS}),
     "dspark_greedy_chain": ("dspark", "labels only along the verifier's greedy chain (the block default)",
-                            {"loss": {"greedy_chain": True}}),
-    "dspark_fkl_only": ("dspark", "forward KL on the verifier's distribution only, no argmax CE", {"loss": {"ce": 0.0}}),
-    "dspark_ce_only": ("dspark", "argmax CE only, no forward KL", {"loss": {"fkl": 0.0}}),
+                            {"loss": {"greedy_chain": True}, **TWO_LAYERS}),
+    "dspark_fkl_only": ("dspark", "forward KL on the verifier's distribution only, no argmax CE",
+                        {"loss": {"ce": 0.0}, **TWO_LAYERS}),
+    "dspark_ce_only": ("dspark", "argmax CE only, no forward KL", {"loss": {"fkl": 0.0}, **TWO_LAYERS}),
     # a little argmax CE beside forward KL: greedy τ back without giving up much sampled τ. The loss variants
     # name every weight they were measured with (and the learning rate of then, 2e-3), so they stay what
     # docs/results.md reports as defaults move.
     "dspark_ce010": ("dspark", "argmax CE at weight 0.1 beside forward KL, lr 2e-3",
-                     {"loss": {"ce": 0.1}, **LR_2E3}),
+                     {"loss": {"ce": 0.1}, **LR_2E3, **TWO_LAYERS}),
     "dspark_ce025": ("dspark", "argmax CE at weight 0.25 beside forward KL, lr 2e-3",
-                     {"loss": {"ce": 0.25}, **LR_2E3}),
+                     {"loss": {"ce": 0.25}, **LR_2E3, **TWO_LAYERS}),
     "dspark_fkl_t08": ("dspark", "forward KL alone at temperature 0.8 (the demo's sampled serving), lr 2e-3",
-                       {"loss": {"ce": 0.0, "temperature": 0.8}, **LR_2E3}),
+                       {"loss": {"ce": 0.0, "temperature": 0.8}, **LR_2E3, **TWO_LAYERS}),
     "dspark_ce010_t08": ("dspark", "argmax CE at weight 0.1, forward KL at temperature 0.8, lr 2e-3",
-                         {"loss": {"ce": 0.1, "temperature": 0.8}, **LR_2E3}),
+                         {"loss": {"ce": 0.1, "temperature": 0.8}, **LR_2E3, **TWO_LAYERS}),
     # the learning rate (CE 0.1 + forward KL; dspark_ce010 is its 2e-3 row): 6e-3 became train.dspark's default
-    "dspark_lr3e3": ("dspark", "learning rate 3e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 3e-3}}),
-    "dspark_lr4e3": ("dspark", "learning rate 4e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 4e-3}}),
-    "dspark_lr6e3": ("dspark", "learning rate 6e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 6e-3}}),
-    "dspark_lr8e3": ("dspark", "learning rate 8e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 8e-3}}),
-    "dspark_block4": ("dspark", "block size 4 (k=3)", {"block_size": 4}),
-    "dspark_block12": ("dspark", "block size 12 (k=11)", {"block_size": 12}),
+    "dspark_lr3e3": ("dspark", "learning rate 3e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 3e-3}, **TWO_LAYERS}),
+    "dspark_lr4e3": ("dspark", "learning rate 4e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 4e-3}, **TWO_LAYERS}),
+    "dspark_lr6e3": ("dspark", "learning rate 6e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 6e-3}, **TWO_LAYERS}),
+    "dspark_lr8e3": ("dspark", "learning rate 8e-3", {"loss": {"ce": 0.1}, "trainer": {"learning_rate": 8e-3}, **TWO_LAYERS}),
+    "dspark_block4": ("dspark", "block size 4 (k=3)", {"block_size": 4, **TWO_LAYERS}),
+    "dspark_block12": ("dspark", "block size 12 (k=11)", {"block_size": 12, **TWO_LAYERS}),
     # half the anchored blocks per sequence: the step's compute halves (0.19 s against 0.33 s, 2 cores)
     "dflash_anchors32": ("block", "plain DFlash, 32 anchors per sequence", {"anchors_per_sequence": 32}),
-    "dspark_anchors32": ("dspark", "32 anchors per sequence", {"anchors_per_sequence": 32}),
+    "dspark_anchors32": ("dspark", "32 anchors per sequence", {"anchors_per_sequence": 32, **TWO_LAYERS}),
+    "dspark_layers2": ("dspark", "two layers (the block kind's; train.dspark's default until 2026-12-08)", TWO_LAYERS),
 }
 
 
@@ -74,6 +78,8 @@ def run(params: Params, args: argparse.Namespace) -> dict:
     unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown:
         raise DraftlineError(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    if args.passes < 1:
+        raise DraftlineError(f"--passes {args.passes}: decode the prompts at least once (--passes 1)")
     paths = ArtifactPaths.from_params(params)
     verifier, tokenizer = load_verifier_for_decoding(paths, params.verifier)
     corpus = load_corpus(paths)
@@ -93,7 +99,8 @@ def run(params: Params, args: argparse.Namespace) -> dict:
             for domain, domain_prompts in prompts.items():
                 tally = evaluate_cells(verifier, {name: proposer}, domain_prompts, sampling,
                                        max_new_tokens=args.max_new_tokens, eos_token_id=eos, seed=params.project.seed,
-                                       desc=f"{name} T={temperature_key(temperature)} {domain}")[name]
+                                       desc=f"{name} T={temperature_key(temperature)} {domain}",
+                                       repeats=args.passes)[name]
                 metrics = tally.metrics()
                 if tally.mismatches:
                     raise DraftlineError(f"variant {name}: {tally.mismatches} greedy output(s) differ from the "
@@ -103,6 +110,7 @@ def run(params: Params, args: argparse.Namespace) -> dict:
                     "acceptance": [round(rate, 3) for rate in metrics["per_position_acceptance"]]}
         results[name] = {"what": what, "train_s": round(train_s, 1), "cells": cells}
     report = {"steps": args.steps, "prompts_per_domain": args.prompts, "max_new_tokens": args.max_new_tokens,
+              "passes": args.passes,
               "variants": results, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_json_atomic(paths.metrics / "bench_dspark_ablation.json", report)
     print_table(report)
@@ -113,7 +121,8 @@ def print_table(report: dict) -> None:
     variants = report["variants"]
     cells = list(next(iter(variants.values()))["cells"]) if variants else []
     table = Table(title=f"block family ablation: {report['steps']} training steps each, {report['prompts_per_domain']} "
-                        f"test prompts per domain, {report['max_new_tokens']} new tokens", title_justify="left")
+                        f"test prompts per domain, {report['max_new_tokens']} new tokens, {report['passes']} pass(es)",
+                  title_justify="left")
     table.add_column("variant")
     for cell in cells:
         table.add_column(f"{cell} tau / speedup")
@@ -132,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=500, help="training steps per variant (default: %(default)s)")
     parser.add_argument("--prompts", type=int, default=8, help="test prompts per domain (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--passes", type=int, default=1, help="passes over the prompts, each sampled one drawing "
+                        "afresh (one pass's sampled tau over 12 prompts varies by about +-0.1; default: %(default)s)")
     return run_bench(parser, Params, run, argv)
 
 
